@@ -1,0 +1,22 @@
+# Fresh machine:  make demo   (set up, build the data, run a small Split-MNIST benchmark)
+#                 make test   (set up, build the data, run the test suite)
+VENV ?= .venv
+BIN := $(VENV)/bin
+export HF_HUB_DISABLE_TELEMETRY := 1
+
+.PHONY: setup data test demo clean
+
+setup:
+	scripts/setup.sh
+
+data: setup
+	$(BIN)/hf-clroute data prepare
+
+test: data
+	HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests
+
+demo: data
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/hf-clroute demo --out runs/demo
+
+clean:
+	rm -rf runs .pytest_cache
