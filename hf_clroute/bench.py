@@ -1,0 +1,118 @@
+"""`hf-clroute bench`: every requested method over the same stream and seeds.
+
+Writes ``results.json`` (the shape every benchmark keeps) and ``results.md``
+(one table: methods as rows). Each (method, seed) starts from a freshly loaded
+backbone; the stream for a seed is built once and shared by all methods.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from accelerate import Accelerator
+
+from .engine import ContinualTrainer, StreamResult, make_accelerator
+from .io import atomic_write_text
+from .metrics import aggregate_runs, mean_std, summarize
+from .model import get_cl_model
+from .suites import SuiteConfig, build_stream, load_suite_backbone
+
+METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
+
+
+def run_method(
+    suite: SuiteConfig,
+    method: str,
+    seed: int,
+    stream: list | None = None,
+    accelerator: Accelerator | None = None,
+    resume_from: str | None = None,
+    **training_overrides: Any,
+) -> tuple[StreamResult, Any]:
+    """Train one method over the suite's stream for one seed; returns (result, model)."""
+    training = suite.training_config(method, seed, **training_overrides)
+    stream = stream if stream is not None else build_stream(suite, seed)
+    backbone, collator = load_suite_backbone(suite)
+    model = get_cl_model(backbone, suite.adapter_config(method))
+    trainer = ContinualTrainer(model, stream, training, collator, accelerator or make_accelerator(training))
+    return trainer.fit(resume_from=resume_from), model
+
+
+def summarize_result(result: StreamResult) -> dict[str, Any]:
+    anytime = [acc for _, acc in result.anytime] or None
+    return {
+        **summarize(result.accuracy_matrix, result.untrained_accuracy, anytime),
+        "train_samples_per_s": result.train_samples_per_s,
+        "infer_samples_per_s": result.infer_samples_per_s,
+        "peak_mem_mb": result.peak_mem_mb,
+        "wall_s": None,
+    }
+
+
+def run_bench(suite: SuiteConfig, methods: list[str], seeds: list[int], out: Path, progress: bool = True) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    for seed in seeds:
+        stream = build_stream(suite, seed)
+        for method in methods:
+            started = time.perf_counter()
+            result, model = run_method(suite, method, seed, stream=stream, progress=progress)
+            row = summarize_result(result)
+            row["wall_s"] = time.perf_counter() - started
+            runs[method].append({"seed": seed, **row, "result": result, "params": result.params})
+            print(f"[{suite.name}] seed {seed} {method}: A_T={row['A_T']:.3f} F_T={row['F_T']:.3f} ({row['wall_s']:.0f}s)")
+    results = {
+        "suite": suite.name,
+        "seeds": seeds,
+        "config": {k: v for k, v in suite.__dict__.items() if k != "quick"},
+        "methods": {m: aggregate_method(r) for m, r in runs.items()},
+    }
+    atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(out / "results.md", results_markdown(results))
+    return results
+
+
+def aggregate_method(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = METRIC_KEYS + ("train_samples_per_s", "infer_samples_per_s", "wall_s")
+    agg = aggregate_runs([{k: r[k] for k in keys} for r in runs])
+    matrices = np.array([r["result"].accuracy_matrix for r in runs])
+    params = runs[0]["params"]
+    return {
+        **{k: agg.get(k) for k in keys},
+        "trainable_params": int(params["trainable_params"]),
+        "trainable_pct": float(params["trainable_pct"]),
+        "peak_mem_mb": float(max(r["peak_mem_mb"] for r in runs)),
+        "accuracy_matrix": matrices.mean(axis=0).round(4).tolist(),
+        "per_seed": [
+            {"seed": r["seed"], **{k: r[k] for k in METRIC_KEYS}, "accuracy_matrix": r["result"].accuracy_matrix}
+            for r in runs
+        ],
+    }
+
+
+def _fmt(stat: dict[str, float] | None, scale: float = 100.0, digits: int = 1) -> str:
+    if not stat:
+        return "n/a"
+    return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
+
+
+def results_markdown(results: dict) -> str:
+    head = (
+        f"# {results['suite']} (seeds {', '.join(map(str, results['seeds']))})\n\n"
+        "Accuracies in %, mean ± std over seeds. Throughput in samples/s (training excludes evaluation).\n\n"
+        "| method | A_T | F_T | Ā | BWT | FWT | A_AUC | trainable % | train/s | infer/s | peak MB |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    rows = []
+    for name, m in results["methods"].items():
+        metrics = " | ".join(_fmt(m.get(k)) for k in METRIC_KEYS)
+        speed = f"{_fmt(m['train_samples_per_s'], 1, 0)} | {_fmt(m['infer_samples_per_s'], 1, 0)}"
+        rows.append(f"| {name} | {metrics} | {m['trainable_pct']:.2f} | {speed} | {m['peak_mem_mb']:.0f} |")
+    return head + "\n".join(rows) + "\n"
+
+
+__all__ = ["run_bench", "run_method", "results_markdown", "mean_std"]

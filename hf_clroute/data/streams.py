@@ -1,0 +1,388 @@
+"""Continual-learning streams over ``datasets``: a list of :class:`Experience` per benchmark.
+
+Every builder is deterministic given its ``seed`` (SPEC section 4: "stream
+order fixed per seed"): class order, per-class subsampling, task
+permutations and each task's training order are drawn from independent numpy
+generators seeded with ``(seed, purpose)``, so changing e.g. the subsample
+size does not change the class order.  Work is done on index arrays read from
+arrow (``Dataset.select``), never by looping over images in Python, except
+where pixels must change (``permuted``).
+
+Column conventions of the experiences' datasets
+-----------------------------------------------
+* ``class_incremental``: the input column (``image`` or ``text``), ``label``
+  (the *incremental* id: the class's position in the class order, a
+  ``ClassLabel`` whose names are the original class names in that order) and
+  ``original_label`` (the dataset's own label).
+* ``domain_incremental``: the domain's own columns (``label`` unchanged).
+* ``permuted``: ``image`` as a uint8 ``Array2D`` (H, W) pixel grid and
+  ``label``; :class:`~hf_clroute.data.collate.ImageCollator` reads it.
+* ``text_domains``: ``text`` (chunks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from datasets import Array2D, ClassLabel, Dataset, DatasetDict, Features, IterableDataset
+
+from .loading import column_array
+
+__all__ = [
+    "Experience",
+    "class_incremental",
+    "classes_with_at_least",
+    "domain_incremental",
+    "permuted",
+    "text_domains",
+]
+
+# Purposes for independent per-seed random streams.
+_CLASS_ORDER, _SUBSAMPLE, _STREAM_ORDER, _PERMUTATION = range(4)
+
+
+def _rng(seed: int, purpose: int, *extra: int) -> np.random.Generator:
+    return np.random.default_rng([seed, purpose, *extra])
+
+
+@dataclass
+class Experience:
+    """One task of a stream.
+
+    ``train`` is already in the task's fixed stream order; ``classes`` holds
+    the (incremental) class ids this task introduces for class-IL, all class
+    ids for domain-IL, and is empty for language-model domains.
+    """
+
+    task_id: int
+    name: str
+    classes: list[int]
+    train: Dataset
+    test: Dataset
+    info: dict = field(default_factory=dict)
+
+    def train_stream(self, epochs: int = 1) -> IterableDataset:
+        """The training data read in stream order, once per epoch (online learning: ``epochs=1``).
+
+        Later epochs repeat the same fixed order: the stream order is part of
+        the benchmark (fixed per seed), and a replay of it keeps runs
+        comparable across methods.  One shard keeps the order exact.
+        """
+        if epochs < 1:
+            raise ValueError(f"experience {self.name!r}: epochs must be >= 1, got {epochs}")
+        stream = self.train.to_iterable_dataset(num_shards=1)
+        return stream.repeat(epochs) if epochs > 1 else stream
+
+    def __repr__(self) -> str:
+        return (f"Experience(task_id={self.task_id}, name={self.name!r}, classes={self.classes}, "
+                f"train={len(self.train)}, test={len(self.test)})")
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _dataset_name(dsets: DatasetDict, name: str | None) -> str:
+    return name or dsets["train"].info.dataset_name or "dataset"
+
+
+def _class_name(dsets: DatasetDict, label: int) -> str:
+    feature = dsets["train"].features.get("label")
+    if isinstance(feature, ClassLabel) and 0 <= label < feature.num_classes:
+        return f"{label} ({feature.int2str(label)!r})"
+    return str(label)
+
+
+def _split_labels(dsets: DatasetDict) -> dict[str, np.ndarray]:
+    return {split: column_array(dsets[split]) for split in ("train", "test")}
+
+
+def classes_with_at_least(dsets: DatasetDict, n: int, split: str | None = None) -> list[int]:
+    """Class ids with at least ``n`` examples, counted in ``split`` or in train and test together.
+
+    E.g. the 40 WordNet categories with >= 300 definitions:
+    ``classes_with_at_least(load_source("wordnet"), 300)``.
+    """
+    splits = [split] if split else ["train", "test"]
+    labels = np.concatenate([column_array(dsets[s]) for s in splits])
+    values, counts = np.unique(labels, return_counts=True)
+    return [int(v) for v, c in zip(values, counts) if c >= n]
+
+
+def _subsample_per_class(labels: np.ndarray, idx: np.ndarray, per_class: int | None,
+                         rng: np.random.Generator) -> np.ndarray:
+    """At most ``per_class`` indices of each class in ``idx`` (all of a smaller class), sorted."""
+    if per_class is None:
+        return idx
+    keep = []
+    for cls in np.unique(labels[idx]):
+        members = idx[labels[idx] == cls]
+        keep.append(rng.permutation(members)[:per_class])
+    return np.sort(np.concatenate(keep)) if keep else idx
+
+
+def _subsample(idx: np.ndarray, n: int | None, rng: np.random.Generator) -> np.ndarray:
+    return idx if n is None or n >= len(idx) else np.sort(rng.choice(idx, n, replace=False))
+
+
+def _resolve_class_order(dsets: DatasetDict, dname: str, present: set[int], classes: Sequence[int] | None,
+                         class_order: Sequence[int] | None, seed: int) -> list[int]:
+    """The classes of the stream in order: ``class_order``, else ``classes`` (or all) shuffled by seed."""
+    if class_order is not None:
+        order = [int(c) for c in class_order]
+        if len(set(order)) != len(order):
+            raise ValueError(f"dataset {dname!r}: class_order repeats a class: {order}")
+        if classes is not None and set(order) != {int(c) for c in classes}:
+            raise ValueError(f"dataset {dname!r}: class_order and classes name different classes")
+    else:
+        chosen = sorted({int(c) for c in classes}) if classes is not None else sorted(present)
+        order = [int(c) for c in _rng(seed, _CLASS_ORDER).permutation(chosen)]
+    absent = [c for c in order if c not in present]
+    if absent:
+        names = ", ".join(_class_name(dsets, c) for c in absent)
+        raise ValueError(f"dataset {dname!r}: class {names} appears in no split (column 'label')")
+    return order
+
+
+def _tasks_shape(dname: str, n_classes: int, n_tasks: int | None, classes_per_task: int | None) -> int:
+    """Classes per task, checking that the tasks tile the class order exactly."""
+    if n_tasks is None and classes_per_task is None:
+        raise ValueError(f"dataset {dname!r}: give n_tasks or classes_per_task")
+    if n_tasks is not None and n_tasks < 1 or classes_per_task is not None and classes_per_task < 1:
+        raise ValueError(f"dataset {dname!r}: n_tasks and classes_per_task must be >= 1")
+    k = classes_per_task or n_classes // n_tasks
+    tasks = n_tasks or n_classes // k
+    if k * tasks != n_classes or k == 0:
+        raise ValueError(f"dataset {dname!r}: {n_classes} classes cannot be split into "
+                         f"{n_tasks or '?'} tasks of {classes_per_task or '?'} classes "
+                         "(restrict the classes with classes= or class_order=)")
+    return k
+
+
+def _with_incremental_labels(ds: Dataset, labels: np.ndarray, lookup: np.ndarray,
+                             names: list[str]) -> Dataset:
+    """Replace ``label`` by its incremental id and keep the original in ``original_label``.
+
+    Done once per split on the whole table (a horizontal arrow concat, no
+    image copy); tasks then ``select`` their rows.  Classes outside the
+    stream get -1 and are never selected.
+    """
+    ds = ds.rename_column("label", "original_label")
+    return ds.add_column("label", lookup[labels].astype(np.int64), feature=ClassLabel(names=names))
+
+
+def _ordered(ds: Dataset, idx: np.ndarray, rng: np.random.Generator | None) -> Dataset:
+    """Select ``idx`` rows, in a seeded stream order when ``rng`` is given."""
+    return ds.select(rng.permutation(idx) if rng is not None else idx)
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def class_incremental(
+    dsets: DatasetDict,
+    *,
+    n_tasks: int | None = None,
+    classes_per_task: int | None = None,
+    seed: int = 0,
+    class_order: Sequence[int] | None = None,
+    train_per_class: int | None = None,
+    test_per_class: int | None = None,
+    classes: Sequence[int] | None = None,
+    name: str | None = None,
+) -> list[Experience]:
+    """Split a labelled ``DatasetDict`` (train/test, ``label``) into class-incremental tasks.
+
+    The classes (all present ones, or ``classes``) are shuffled by ``seed``
+    unless ``class_order`` is given, then cut into tasks of equal size; task t
+    holds incremental ids ``[t*k, (t+1)*k)``.  ``train_per_class`` /
+    ``test_per_class`` subsample each class (fixed per seed; smaller classes
+    are kept whole).  Each task's training data is shuffled into a fixed
+    stream order by ``seed``; test data keeps the dataset order.
+    """
+    dname = _dataset_name(dsets, name)
+    labels = _split_labels(dsets)
+    present = {int(c) for arr in labels.values() for c in np.unique(arr)}
+    order = _resolve_class_order(dsets, dname, present, classes, class_order, seed)
+    k = _tasks_shape(dname, len(order), n_tasks, classes_per_task)
+
+    lookup = np.full(max(present | set(order)) + 1, -1, dtype=np.int64)
+    lookup[order] = np.arange(len(order))
+    feature = dsets["train"].features["label"]
+    names = [feature.int2str(c) if isinstance(feature, ClassLabel) else str(c) for c in order]
+    remapped = {s: _with_incremental_labels(dsets[s], labels[s], lookup, names) for s in ("train", "test")}
+    per_class = {"train": train_per_class, "test": test_per_class}
+
+    experiences = []
+    for t in range(len(order) // k):
+        task_classes = order[t * k:(t + 1) * k]
+        parts = {}
+        for part, split in enumerate(("train", "test")):
+            idx = np.flatnonzero(np.isin(labels[split], task_classes))
+            idx = _subsample_per_class(labels[split], idx, per_class[split], _rng(seed, _SUBSAMPLE, t, part))
+            if idx.size == 0:
+                raise ValueError(f"dataset {dname!r}: task {t} (classes "
+                                 f"{', '.join(_class_name(dsets, c) for c in task_classes)}) "
+                                 f"has no {split} examples (column 'label')")
+            rng = _rng(seed, _STREAM_ORDER, t) if split == "train" else None
+            parts[split] = _ordered(remapped[split], idx, rng)
+        experiences.append(Experience(t, f"{dname}/task{t}", list(range(t * k, (t + 1) * k)),
+                                      parts["train"], parts["test"], {"original_classes": task_classes}))
+    return experiences
+
+
+def domain_incremental(
+    dsets_list: Sequence[DatasetDict],
+    names: Sequence[str],
+    *,
+    seed: int = 0,
+    train_per_task: int | None = None,
+    test_per_task: int | None = None,
+) -> list[Experience]:
+    """One task per domain over a shared label space (no relabelling).
+
+    Label spaces are compared by the number of classes (``ClassLabel``) and
+    the set of labels present; names are not compared, so e.g. MNIST then
+    Fashion-MNIST (both 10-way) is allowed.  Training data is shuffled into a
+    fixed order per seed; ``*_per_task`` subsample (fixed per seed).
+    """
+    if len(dsets_list) != len(names):
+        raise ValueError(f"domain_incremental: {len(dsets_list)} datasets but {len(names)} names")
+    spaces = [_label_space(d) for d in dsets_list]
+    for dname, space in zip(names, spaces):
+        if space != spaces[0]:
+            raise ValueError(f"domain_incremental: dataset {dname!r} has label space {space[1]} "
+                             f"(column 'label'), but dataset {names[0]!r} has {spaces[0][1]}")
+    classes = sorted(spaces[0][1])
+    experiences = []
+    for t, (dsets, dname) in enumerate(zip(dsets_list, names)):
+        train_idx = _subsample(np.arange(len(dsets["train"])), train_per_task, _rng(seed, _SUBSAMPLE, t, 0))
+        test_idx = _subsample(np.arange(len(dsets["test"])), test_per_task, _rng(seed, _SUBSAMPLE, t, 1))
+        for split, idx in (("train", train_idx), ("test", test_idx)):
+            if idx.size == 0:
+                raise ValueError(f"dataset {dname!r}: split {split!r} is empty (task {t})")
+        experiences.append(Experience(t, dname, classes,
+                                      _ordered(dsets["train"], train_idx, _rng(seed, _STREAM_ORDER, t)),
+                                      _ordered(dsets["test"], test_idx, None)))
+    return experiences
+
+
+def _label_space(dsets: DatasetDict) -> tuple[int, frozenset[int]]:
+    labels = np.concatenate(list(_split_labels(dsets).values()))
+    feature = dsets["train"].features["label"]
+    num = feature.num_classes if isinstance(feature, ClassLabel) else int(labels.max()) + 1
+    return num, frozenset(int(c) for c in np.unique(labels))
+
+
+def _pixels(ds: Dataset, idx: np.ndarray) -> np.ndarray:
+    """Decode the ``image`` column of rows ``idx`` to a uint8 (N, H, W) grayscale array."""
+    images = ds.select(idx).with_format("numpy", columns=["image"])[:]["image"]
+    pixels = np.stack([np.asarray(im) for im in images]) if images.dtype == object else np.asarray(images)
+    if pixels.ndim == 4:  # colour: the permuted benchmark is defined on gray levels
+        pixels = pixels.mean(axis=-1)
+    return pixels.astype(np.uint8)
+
+
+def _downsample(pixels: np.ndarray, size: int) -> np.ndarray:
+    """Area-average to ``size`` x ``size`` (vectorised; exact block means when sizes divide)."""
+    x = torch.from_numpy(pixels).float().unsqueeze(1)
+    x = torch.nn.functional.interpolate(x, size=(size, size), mode="area")
+    return x.squeeze(1).round().clamp(0, 255).to(torch.uint8).numpy()
+
+
+def _pixel_dataset(pixels: np.ndarray, labels: np.ndarray, label_feature) -> Dataset:
+    h, w = pixels.shape[1:]
+    features = Features({"image": Array2D(shape=(h, w), dtype="uint8"), "label": label_feature})
+    return Dataset.from_dict({"image": pixels, "label": labels}, features=features)
+
+
+def permuted(
+    dsets: DatasetDict,
+    *,
+    n_tasks: int,
+    seed: int = 0,
+    image_size: int | None = None,
+    train_per_task: int | None = None,
+    test_per_task: int | None = None,
+    name: str | None = None,
+) -> list[Experience]:
+    """Permuted-pixel tasks (domain-incremental): task t applies a fixed pixel permutation.
+
+    Task 0 is the identity (the original images), as in the usual
+    Permuted-MNIST protocol; tasks 1.. use random permutations drawn from
+    ``seed``.  All tasks share the same subsample of images, in the same
+    seeded stream order, so task t's example i is task 0's example i with
+    its pixels permuted.  ``image_size`` first area-downsamples the images
+    (e.g. 7 for 7x7).  Images are stored as uint8 ``Array2D`` grids in the
+    ``image`` column.
+    """
+    dname = _dataset_name(dsets, name)
+    if n_tasks < 1:
+        raise ValueError(f"dataset {dname!r}: n_tasks must be >= 1, got {n_tasks}")
+    label_feature = dsets["train"].features["label"]
+    base = {}
+    for split, n, part in (("train", train_per_task, 0), ("test", test_per_task, 1)):
+        idx = _subsample(np.arange(len(dsets[split])), n, _rng(seed, _SUBSAMPLE, part))
+        if idx.size == 0:
+            raise ValueError(f"dataset {dname!r}: split {split!r} is empty")
+        if split == "train":
+            idx = _rng(seed, _STREAM_ORDER).permutation(idx)
+        pixels = _pixels(dsets[split], idx)
+        if image_size is not None and pixels.shape[1:] != (image_size, image_size):
+            pixels = _downsample(pixels, image_size)
+        base[split] = (pixels, column_array(dsets[split])[idx])
+
+    n_classes = len(np.unique(np.concatenate([base["train"][1], base["test"][1]])))
+    classes = list(range(label_feature.num_classes if isinstance(label_feature, ClassLabel) else n_classes))
+    h, w = base["train"][0].shape[1:]
+    experiences = []
+    for t in range(n_tasks):
+        perm = np.arange(h * w) if t == 0 else _rng(seed, _PERMUTATION, t).permutation(h * w)
+        parts = {split: _pixel_dataset(pix.reshape(len(pix), -1)[:, perm].reshape(pix.shape), lab, label_feature)
+                 for split, (pix, lab) in base.items()}
+        experiences.append(Experience(t, f"{dname}/permuted{t}", classes, parts["train"], parts["test"],
+                                      {"permutation": perm}))
+    return experiences
+
+
+def _take_chars(ds: Dataset, budget: int | None) -> np.ndarray:
+    """Indices of the leading rows whose text fits in ``budget`` characters (at least one row)."""
+    if budget is None:
+        return np.arange(len(ds))
+    texts = column_array(ds, "text")
+    lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
+    fits = int(np.searchsorted(np.cumsum(lengths), budget, side="right"))
+    return np.arange(max(1, fits))
+
+
+def text_domains(
+    corpora: Sequence[DatasetDict],
+    names: Sequence[str],
+    *,
+    train_chars: int | None = None,
+    test_chars: int | None = None,
+    seed: int = 0,
+) -> list[Experience]:
+    """One language-model domain per corpus (``text`` chunks), e.g. Shakespeare -> KJV -> code.
+
+    Training chunks are shuffled into a fixed order by ``seed`` and the
+    leading chunks that fit in ``train_chars`` are kept; the test split keeps
+    its own order and is cut to ``test_chars``.  ``classes`` is empty.
+    """
+    if len(corpora) != len(names):
+        raise ValueError(f"text_domains: {len(corpora)} corpora but {len(names)} names")
+    experiences = []
+    for t, (corpus, dname) in enumerate(zip(corpora, names)):
+        for split in ("train", "test"):
+            if "text" not in corpus[split].column_names:
+                raise ValueError(f"dataset {dname!r}: split {split!r} has no column 'text'; "
+                                 f"available columns: {corpus[split].column_names}")
+            if len(corpus[split]) == 0:
+                raise ValueError(f"dataset {dname!r}: split {split!r} is empty")
+        train = corpus["train"].select(_rng(seed, _STREAM_ORDER, t).permutation(len(corpus["train"])))
+        train = train.select(_take_chars(train, train_chars))
+        test = corpus["test"].select(_take_chars(corpus["test"], test_chars))
+        experiences.append(Experience(t, dname, [], train, test))
+    return experiences

@@ -1,0 +1,344 @@
+"""The continual loop on Accelerate.
+
+For each experience: grow the head, call the method's hooks, read the task's
+training stream once (online) or for E epochs (offline), evaluate every seen
+task every ``eval_every`` steps (anytime accuracy) and every task at the task
+boundary (a row of the accuracy matrix). Checkpoints (``save_state`` plus the
+adapter and a small JSON of loop state) let a killed run resume and finish with
+the same accuracy matrix as a run that never stopped.
+
+Batches are *global*: ``split_batches=True`` gives each of N processes a slice
+of the same batch one process would see, so 1 and N processes follow the same
+optimisation trajectory up to floating-point noise.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import resource
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from .data.streams import Experience
+from .evaluation import EvalTimer, evaluate_experience, model_inputs, task_mask_logits, test_loader
+from .io import atomic_write_text
+from .methods.base import StepContext
+from .model import CLModel
+
+STATE_NAME = "trainer_state.json"
+
+
+@dataclass
+class TrainingConfig:
+    """How the stream is trained; the method's own knobs live in its adapter config."""
+
+    learning_rate: float = field(default=1e-3, metadata={"help": "Optimiser learning rate."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    optimizer: str = field(default="adamw", metadata={"help": "'adamw' or 'sgd'."})
+    batch_size: int = field(default=10, metadata={"help": "Global training batch (split across processes)."})
+    eval_batch_size: int = field(default=256, metadata={"help": "Global evaluation batch."})
+    epochs: int = field(default=1, metadata={"help": "Passes over each task: 1 = online, more = offline."})
+    eval_every: int = field(default=0, metadata={"help": "Evaluate seen tasks every N steps (anytime accuracy); 0 = off."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm; 0 = off."})
+    seed: int = field(default=0, metadata={"help": "Seed for weights, dropout and head growth."})
+    checkpoint_dir: str | None = field(default=None, metadata={"help": "Where checkpoints go; None = no checkpoints."})
+    checkpoint_every: int = field(default=0, metadata={"help": "Also checkpoint every N steps (0 = task ends only)."})
+    stop_after_steps: int = field(
+        default=0, metadata={"help": "Stop (resumably) after this many global steps, for time-limited jobs; 0 = run all."}
+    )
+    log_with: str | None = field(default=None, metadata={"help": "Accelerate tracker name (e.g. 'tensorboard')."})
+    progress: bool = field(default=True, metadata={"help": "Show progress bars on the main process."})
+
+    def __post_init__(self) -> None:
+        for name in ("learning_rate", "batch_size", "eval_batch_size", "epochs"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TrainingConfig.{name} must be positive, got {getattr(self, name)!r}")
+        for name in ("eval_every", "checkpoint_every", "stop_after_steps", "weight_decay", "max_grad_norm"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainingConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        if self.optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"TrainingConfig.optimizer must be 'adamw' or 'sgd', got {self.optimizer!r}")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ValueError("TrainingConfig.checkpoint_every needs TrainingConfig.checkpoint_dir")
+
+    @property
+    def mode(self) -> str:
+        return "online" if self.epochs == 1 else "offline"
+
+
+@dataclass
+class StreamResult:
+    """Everything a run measured; ``metrics.continual.summarize`` turns it into A_T, F_T..."""
+
+    accuracy_matrix: list[list[float]] = field(default_factory=list)
+    untrained_accuracy: list[float] = field(default_factory=list)
+    anytime: list[list[float]] = field(default_factory=list)  # [global_step, mean accuracy over seen tasks]
+    train_samples: int = 0
+    train_seconds: float = 0.0
+    eval_samples: int = 0
+    eval_seconds: float = 0.0
+    global_step: int = 0
+    completed_tasks: int = 0
+    finished: bool = False
+    peak_mem_mb: float = 0.0
+    params: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def train_samples_per_s(self) -> float:
+        return self.train_samples / self.train_seconds if self.train_seconds > 0 else 0.0
+
+    @property
+    def infer_samples_per_s(self) -> float:
+        return self.eval_samples / self.eval_seconds if self.eval_seconds > 0 else 0.0
+
+
+def make_accelerator(config: TrainingConfig, cpu: bool = False) -> Accelerator:
+    return Accelerator(
+        cpu=cpu,
+        log_with=config.log_with,
+        project_dir=config.checkpoint_dir,
+        dataloader_config=DataLoaderConfiguration(split_batches=True),
+    )
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+class ContinualTrainer:
+    """Runs one model over one stream; ``fit()`` returns a :class:`StreamResult`."""
+
+    #: steps excluded from the training throughput (allocation, first-call overheads).
+    warmup_steps = 3
+
+    def __init__(
+        self,
+        model: CLModel,
+        stream: list[Experience],
+        config: TrainingConfig,
+        collator: Callable,
+        accelerator: Accelerator | None = None,
+    ) -> None:
+        method = model.method
+        if config.mode not in method.supported_modes:
+            raise ValueError(f"method {model.config.method!r} supports {method.supported_modes} training, not {config.mode}")
+        if not stream:
+            raise ValueError("the stream has no experiences")
+        self.model, self.stream, self.config, self.collator = model, stream, config, collator
+        self.accelerator = accelerator or make_accelerator(config)
+        self.result = StreamResult()
+        self.timer = EvalTimer()
+        self._test_loaders: dict[int, DataLoader] = {}
+        self._step_in_task = 0
+
+    # ---- public ---------------------------------------------------------------
+    def fit(self, resume_from: str | Path | None = None) -> StreamResult:
+        acc, cfg = self.accelerator, self.config
+        set_seed(cfg.seed)
+        self.model.to(acc.device)
+        if cfg.log_with:
+            acc.init_trackers("hf_clroute", config={"training": asdict(cfg), "method": self.model.config.to_dict()})
+        start_task = self._resume(resume_from) if resume_from else 0
+        if not self.result.untrained_accuracy:
+            self.result.untrained_accuracy = self._untrained_accuracy()
+        for task_id in range(start_task, len(self.stream)):
+            if not self._train_experience(task_id):
+                break  # stopped by stop_after_steps; resumable from the last checkpoint
+        self.result.finished = self.result.completed_tasks == len(self.stream)
+        self.result.params = self.model.parameter_counts()
+        self.result.peak_mem_mb = peak_memory_mb(acc.device)
+        self.result.eval_samples, self.result.eval_seconds = self.timer.samples, self.timer.seconds
+        if cfg.log_with:
+            acc.end_training()
+        return self.result
+
+    def evaluate_row(self, task_id: int, upto: int | None = None) -> list[float]:
+        """Accuracy (or perplexity) on every task's test split, or on tasks <= upto."""
+        ctx = self._ctx(task_id)
+        self.model.method.before_evaluation(self.model, ctx)
+        last = len(self.stream) - 1 if upto is None else upto
+        return [self._evaluate(j) for j in range(last + 1)]
+
+    # ---- the loop ----------------------------------------------------------------
+    def _train_experience(self, task_id: int) -> bool:
+        acc, cfg, model = self.accelerator, self.config, self.model
+        experience = self.stream[task_id]
+        resuming_mid_task = self._step_in_task > 0
+        ctx = self._ctx(task_id)
+        if model.config.scenario == "domain":
+            model.grow_head(max(max(e.classes) for e in self.stream) + 1)
+        elif experience.classes:
+            model.grow_head(max(experience.classes) + 1)
+        model.method.on_task_start(model, experience, ctx)
+
+        trainable = model.trainable_parameters()
+        loader = DataLoader(experience.train_stream(epochs=cfg.epochs), batch_size=cfg.batch_size, collate_fn=self.collator)
+        if trainable:
+            optimizer = self._optimizer(trainable)
+            train_model, optimizer, loader = acc.prepare(model, optimizer, loader)
+        else:  # nothing to train (e.g. NCM): no DDP wrapper, statistics are reduced by the method
+            train_model, optimizer, loader = model, None, acc.prepare(loader)
+        if resuming_mid_task:
+            acc.load_state(str(self._resume_dir / "accelerate"))
+            loader = acc.skip_first_batches(loader, self._step_in_task)
+
+        task_classes = experience.classes if model.config.scenario == "task" else None
+        bar = tqdm(loader, desc=f"task {task_id} ({experience.name})", disable=not (cfg.progress and acc.is_local_main_process), leave=False)
+        for batch in bar:
+            started = time.perf_counter()
+            logits, loss = self._step(train_model, optimizer, trainable, batch, task_classes)
+            ctx = self._ctx(task_id)
+            model.method.after_step(model, batch, logits, ctx)
+            self._count_train(batch, time.perf_counter() - started)
+            self._step_in_task += 1
+            self.result.global_step += 1
+            step = self.result.global_step
+            if loss is not None and step % 10 == 0:
+                bar.set_postfix(loss=f"{loss:.3f}")
+                if cfg.log_with:
+                    acc.log({"train/loss": loss}, step=step)
+            if cfg.eval_every and step % cfg.eval_every == 0:
+                self._anytime_eval(task_id)
+            if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+                self._checkpoint(task_id, ctx)
+            if cfg.stop_after_steps and step >= cfg.stop_after_steps:
+                return False
+
+        model.method.on_task_end(model, experience, self._ctx(task_id))
+        self.result.accuracy_matrix.append(self.evaluate_row(task_id))
+        if cfg.log_with:
+            acc.log({f"eval/R_{task_id}_{j}": v for j, v in enumerate(self.result.accuracy_matrix[-1])}, step=self.result.global_step)
+        self.result.completed_tasks = task_id + 1
+        self._step_in_task = 0
+        acc.free_memory()  # drop this task's DDP wrapper/optimizer; the next task may add parameters
+        if cfg.checkpoint_dir:
+            self._checkpoint(task_id + 1, self._ctx(task_id))
+        return True
+
+    def _step(self, train_model, optimizer, trainable, batch, task_classes) -> tuple[torch.Tensor, float | None]:
+        model, cfg = self.model, self.config
+        inputs = model_inputs(batch)
+        if optimizer is None:
+            with torch.no_grad():
+                return train_model(**inputs), None
+        train_model.train()
+        if model.spec.modality == "lm":
+            outputs = train_model(**batch)
+            logits, loss = outputs.logits, outputs.loss
+        else:
+            logits = task_mask_logits(train_model(**inputs), task_classes)
+            loss = model.method.loss(model, batch, logits)
+        for term in model.method.extra_losses(model, batch, logits).values():
+            loss = loss + term
+        self.accelerator.backward(loss)
+        if cfg.max_grad_norm:
+            self.accelerator.clip_grad_norm_(trainable, cfg.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return logits.detach(), loss.item()
+
+    def _optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+        cfg = self.config
+        if cfg.optimizer == "sgd":
+            return torch.optim.SGD(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+
+    def _count_train(self, batch: dict[str, torch.Tensor], seconds: float) -> None:
+        # Every process counts the global batch it took part in; the same on 1 or N.
+        if self.result.global_step >= self.warmup_steps:
+            first = next(iter(batch.values()))
+            self.result.train_samples += first.shape[0] * self.accelerator.num_processes
+            self.result.train_seconds += seconds
+
+    # ---- evaluation ----------------------------------------------------------------
+    def _evaluate(self, task_id: int) -> float:
+        if task_id not in self._test_loaders:
+            self._test_loaders[task_id] = test_loader(self.stream[task_id], self.collator, self.config.eval_batch_size, self.accelerator)
+        classes = self.stream[task_id].classes if self.model.config.scenario == "task" else None
+        return evaluate_experience(self.model, self._test_loaders[task_id], self.accelerator, task_classes=classes, timer=self.timer)
+
+    def _anytime_eval(self, task_id: int) -> None:
+        row = self.evaluate_row(task_id, upto=task_id)
+        self.result.anytime.append([self.result.global_step, sum(row) / len(row)])
+
+    def _untrained_accuracy(self) -> list[float]:
+        """b_j: task j scored by the model before any training, grown as it would be at task j.
+
+        Evaluated on a copy, with the RNG forked, so measuring it changes nothing downstream.
+        """
+        original = self.model
+        with torch.random.fork_rng(devices=[]):
+            self.model = copy.deepcopy(original)
+            try:
+                scores = []
+                for j, experience in enumerate(self.stream):
+                    if experience.classes:
+                        self.model.grow_head(max(experience.classes) + 1)
+                    scores.append(self._evaluate(j))
+            finally:
+                self.model = original
+        return scores
+
+    # ---- checkpoints -------------------------------------------------------------------
+    def _ctx(self, task_id: int) -> StepContext:
+        return StepContext(self.accelerator, task_id, self._step_in_task, self.result.global_step, self.config.epochs)
+
+    def _checkpoint(self, next_task: int, ctx: StepContext) -> None:
+        """Write ``ckpt-<step>/`` (accelerate state, adapter, loop state) then point ``latest`` at it."""
+        acc, root = self.accelerator, Path(self.config.checkpoint_dir)
+        # Pending statistics (e.g. NCM sums not yet reduced) must be in the saved tensors.
+        self.model.method.before_evaluation(self.model, ctx)
+        final = root / f"ckpt-{self.result.global_step:08d}"
+        tmp = root / f".tmp-{final.name}"
+        if acc.is_main_process and tmp.exists():
+            shutil.rmtree(tmp)
+        acc.wait_for_everyone()
+        acc.save_state(str(tmp / "accelerate"))
+        if acc.is_main_process:
+            self.model.save_pretrained(tmp / "adapter")
+            state = {"next_task": next_task, "step_in_task": self._step_in_task, **self._result_state()}
+            atomic_write_text(tmp / STATE_NAME, json.dumps(state, sort_keys=True))
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+            atomic_write_text(root / "latest", final.name + "\n")
+        acc.wait_for_everyone()
+
+    def _result_state(self) -> dict[str, Any]:
+        r = self.result
+        keys = ("accuracy_matrix", "untrained_accuracy", "anytime", "train_samples", "train_seconds", "global_step", "completed_tasks")
+        return {k: getattr(r, k) for k in keys} | {"eval_samples": self.timer.samples, "eval_seconds": self.timer.seconds}
+
+    def _resume(self, resume_from: str | Path) -> int:
+        path = Path(resume_from)
+        if path.is_dir() and (path / "latest").is_file():
+            path = path / (path / "latest").read_text().strip()
+        state_file = path / STATE_NAME
+        if not state_file.is_file():
+            raise FileNotFoundError(f"no checkpoint at {resume_from} (expected {STATE_NAME} or a 'latest' pointer)")
+        state = json.loads(state_file.read_text())
+        from .model import read_adapter_weights, WEIGHTS_NAME
+
+        tensors, metadata = read_adapter_weights(path / "adapter" / WEIGHTS_NAME)
+        self.model.load_extra_state(json.loads(metadata.get("hf_clroute.state", "{}")))
+        self.model.load_adapter_state_dict({k: v.to(self.accelerator.device) for k, v in tensors.items()}, source=str(path))
+        for key in ("accuracy_matrix", "untrained_accuracy", "anytime", "train_samples", "train_seconds", "global_step", "completed_tasks"):
+            setattr(self.result, key, state[key])
+        self.timer.samples, self.timer.seconds = state["eval_samples"], state["eval_seconds"]
+        self._step_in_task = state["step_in_task"]
+        self._resume_dir = path
+        if self._step_in_task == 0:  # a task boundary: only the RNG state is in the accelerate dir
+            self.accelerator.load_state(str(path / "accelerate"))
+        return state["next_task"]

@@ -1,0 +1,99 @@
+"""What a continual method plugs into.
+
+A method is an ``nn.Module`` that owns the modules it adds to a backbone and
+implements a handful of hooks the engine calls. Everything else (freezing,
+the incremental head, saving, loading, Accelerate, evaluation) is shared and
+lives in ``hf_clroute.model`` and ``hf_clroute.engine``.
+
+Hook order per experience (task):
+``on_task_start`` -> for each batch: ``logits`` -> ``loss`` + ``extra_losses``
+-> backward/step -> ``after_step`` (and ``before_evaluation`` before every
+evaluation) -> ``on_task_end``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import CLConfig
+
+if TYPE_CHECKING:  # pragma: no cover
+    from accelerate import Accelerator
+
+    from ..data.streams import Experience
+    from ..model import CLModel
+
+
+@dataclass
+class StepContext:
+    """What the engine tells a hook about where the stream is."""
+
+    accelerator: "Accelerator | None"
+    task_id: int
+    step_in_task: int = 0
+    global_step: int = 0
+    epochs: int = 1
+
+
+class ContinualMethod(nn.Module):
+    """Base class: a method that adds nothing (the backbone + incremental head as is)."""
+
+    config_class: type[CLConfig] = CLConfig
+    #: "online" (each sample once) and/or "offline" (several epochs per task).
+    supported_modes: tuple[str, ...] = ("online", "offline")
+    #: modalities the method can work with ("image", "text", "lm").
+    supported_modalities: tuple[str, ...] = ("image", "text")
+    #: whether the shared incremental linear head produces the logits.
+    uses_head: bool = True
+
+    def __init__(self, config: CLConfig) -> None:
+        super().__init__()
+        self.config = config
+
+    # ---- structure -------------------------------------------------------------
+    def attach(self, model: "CLModel") -> None:
+        """Add this method's modules to ``model`` (the backbone is already frozen if asked)."""
+
+    # ---- forward ---------------------------------------------------------------
+    def features(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model.extract_features(inputs)
+
+    def logits(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model.head(self.features(model, inputs))
+
+    def loss(self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits, batch["labels"])
+
+    def extra_losses(
+        self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """Named auxiliary terms added to the loss (regularisers, distillation, load balance)."""
+        return {}
+
+    # ---- hooks -----------------------------------------------------------------
+    def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
+        """Called before the first batch of an experience (the head has already grown)."""
+
+    def after_step(
+        self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor, ctx: StepContext
+    ) -> None:
+        """Called after every optimiser step (or every batch, for methods with nothing to train)."""
+
+    def before_evaluation(self, model: "CLModel", ctx: StepContext) -> None:
+        """Called before every evaluation, e.g. to synchronise statistics across processes."""
+
+    def on_task_end(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
+        """Called after the last batch of an experience."""
+
+    # ---- state that is not a tensor ---------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        """JSON-serialisable state saved with the adapter (counters, sizes of grown modules)."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`extra_state`; called *before* tensors load, so modules can be resized."""

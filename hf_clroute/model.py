@@ -1,0 +1,207 @@
+"""The wrapper that attaches a continual method to an unmodified HF backbone.
+
+``get_cl_model(backbone, config)`` freezes the backbone (unless the method trains
+it), adds an incremental classification head for image/text backbones, and lets
+the method add its own modules. ``save_pretrained`` writes only what the method
+changed (PEFT-like ``adapter_config.json`` + ``adapter_model.safetensors``): every
+trainable tensor, every buffer the method added, and the non-tensor state (head
+size, counters, slot statistics) as JSON in the safetensors metadata, guarded by
+a checksum of the tensor bytes so a corrupted file is refused, not half-loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .backbones import get_backbone_spec, get_base_model, pooled_features
+from .config import CONFIG_NAME, CLConfig
+from .heads import IncrementalClassifier
+from .io import atomic_path, refuse_pickles, resolve_pretrained_dir
+from .registry import get_method
+
+WEIGHTS_NAME = "adapter_model.safetensors"
+_STATE_KEY = "hf_clroute.state"
+_CHECKSUM_KEY = "hf_clroute.sha256"
+_MODEL_INPUTS = ("pixel_values", "input_ids", "attention_mask", "token_type_ids")
+
+
+class CLModel(nn.Module):
+    """A backbone + incremental head + one continual method, saved as an adapter."""
+
+    def __init__(self, backbone: nn.Module, config: CLConfig) -> None:
+        super().__init__()
+        self.spec = get_backbone_spec(backbone)
+        entry = get_method(config.method)
+        if not isinstance(config, entry.config_class):
+            raise ValueError(f"config for {config.method!r} must be a {entry.config_class.__name__}")
+        method = entry.method_class(config)
+        if self.spec.modality not in method.supported_modalities:
+            raise ValueError(
+                f"method {config.method!r} supports {method.supported_modalities} backbones, "
+                f"not a {self.spec.modality} backbone ({backbone.config.model_type})"
+            )
+        self.config = config
+        # Image/text classification works on the base model's pooled features; an
+        # LM keeps its own LM head.
+        self.backbone = backbone if self.spec.modality == "lm" else get_base_model(backbone)
+        if config.base_model_name_or_path is None:
+            config.base_model_name_or_path = getattr(backbone, "name_or_path", None) or None
+        if config.freeze_backbone:
+            self.backbone.requires_grad_(False)
+        # Keys that stay on the backbone's own checkpoint and are never saved here.
+        self._backbone_keys = {f"backbone.{k}" for k in self.backbone.state_dict()}
+        self.head = (
+            IncrementalClassifier(self.spec.hidden_size(self.backbone))
+            if self.spec.modality != "lm" and method.uses_head
+            else None
+        )
+        self.method = method
+        method.attach(self)
+
+    # ---- forward ---------------------------------------------------------------
+    def extract_features(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        outputs = self.backbone(**{k: v for k, v in inputs.items() if k in _MODEL_INPUTS})
+        return pooled_features(self.spec, outputs, inputs.get("attention_mask"))
+
+    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        """Class logits over every class seen so far (or LM outputs for a causal LM)."""
+        if self.spec.modality == "lm":
+            return self.backbone(**inputs)
+        return self.method.logits(self, inputs)
+
+    def grow_head(self, num_classes: int) -> None:
+        """Grow the head to ``num_classes`` outputs (never shrinks).
+
+        New rows come from a generator seeded by (head_init_seed, current size), so
+        they are the same whether or not the run was stopped and resumed before.
+        """
+        if self.head is not None and num_classes > self.head.num_classes:
+            seed = self.config.head_init_seed * 1_000_003 + self.head.num_classes
+            self.head.grow(num_classes, generator=torch.Generator().manual_seed(seed))
+
+    # ---- bookkeeping -----------------------------------------------------------
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]
+
+    def parameter_counts(self) -> dict[str, float]:
+        backbone_total = sum(p.numel() for k, p in self.backbone.named_parameters())
+        trainable = sum(p.numel() for p in self.trainable_parameters())
+        return {
+            "trainable_params": trainable,
+            "backbone_params": backbone_total,
+            "trainable_pct": 100.0 * trainable / max(backbone_total, 1),
+        }
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every tensor the adapter owns: not the frozen backbone, but all else."""
+        trainable = {name for name, p in self.named_parameters() if p.requires_grad}
+        return {
+            key: tensor
+            for key, tensor in self.state_dict().items()
+            if key not in self._backbone_keys or key in trainable
+        }
+
+    def extra_state(self) -> dict[str, Any]:
+        return {
+            "num_classes": self.head.num_classes if self.head is not None else 0,
+            "method": self.method.extra_state(),
+        }
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.grow_head(int(state.get("num_classes", 0)))
+        self.method.load_extra_state(state.get("method", {}))
+
+    # ---- saving and loading ------------------------------------------------------
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """Write ``adapter_config.json`` + ``adapter_model.safetensors`` atomically."""
+        directory = Path(save_directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        # Tied or shared tensors cannot be saved twice by safetensors; clone them.
+        tensors = {k: v.detach().contiguous().clone().cpu() for k, v in self.adapter_state_dict().items()}
+        metadata = {
+            "format": "pt",
+            _STATE_KEY: json.dumps(self.extra_state(), sort_keys=True),
+            _CHECKSUM_KEY: tensor_checksum(tensors),
+        }
+        with atomic_path(directory / WEIGHTS_NAME) as tmp:
+            save_file(tensors, str(tmp), metadata=metadata)
+        self.config.save_pretrained(directory)
+
+    @classmethod
+    def from_pretrained(
+        cls, backbone: nn.Module, path_or_repo_id: str | os.PathLike, **hub_kwargs: Any
+    ) -> "CLModel":
+        """Rebuild the adapter saved at a local dir or Hub repo id on ``backbone``."""
+        directory = resolve_pretrained_dir(path_or_repo_id, **hub_kwargs)
+        refuse_pickles(directory, WEIGHTS_NAME)
+        config = CLConfig.from_pretrained(directory)
+        tensors, metadata = read_adapter_weights(directory / WEIGHTS_NAME)
+        model = cls(backbone, config)
+        model.load_extra_state(json.loads(metadata.get(_STATE_KEY, "{}")))
+        model.load_adapter_state_dict(tensors, source=str(path_or_repo_id))
+        return model
+
+    def load_adapter_state_dict(self, tensors: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
+        expected = self.adapter_state_dict()
+        missing = sorted(set(expected) - set(tensors))
+        unexpected = sorted(set(tensors) - set(expected))
+        mismatched = [
+            f"{k}: checkpoint {tuple(tensors[k].shape)} vs model {tuple(v.shape)}"
+            for k, v in expected.items()
+            if k in tensors and tensors[k].shape != v.shape
+        ]
+        if missing or unexpected or mismatched:
+            raise ValueError(
+                f"adapter checkpoint {source} does not match this model/backbone: "
+                f"missing={missing[:10]} unexpected={unexpected[:10]} shape_mismatch={mismatched[:10]}"
+            )
+        self.load_state_dict(tensors, strict=False)
+
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
+        """Save to a temporary dir and upload it in one commit; see ``hf_clroute.hub``."""
+        from .hub import push_adapter
+
+        return push_adapter(self, repo_id, **kwargs)
+
+
+def tensor_checksum(tensors: dict[str, torch.Tensor]) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(tensors):
+        digest.update(key.encode())
+        digest.update(tensors[key].contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def read_adapter_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Load tensors + metadata, refusing truncated, corrupted or tampered files."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"corrupted adapter checkpoint {path}: {err}") from err
+    expected = metadata.get(_CHECKSUM_KEY)
+    if expected is None:
+        raise ValueError(f"{path} was not written by hf_clroute (no checksum in its metadata)")
+    if tensor_checksum(tensors) != expected:
+        raise ValueError(f"corrupted adapter checkpoint {path}: tensor checksum does not match")
+    return tensors, metadata
+
+
+def get_cl_model(backbone: nn.Module, config: CLConfig) -> CLModel:
+    """Attach the continual method described by ``config`` to ``backbone`` (PEFT's get_peft_model)."""
+    return CLModel(backbone, config)
+
+
+__all__ = ["CLModel", "get_cl_model", "CONFIG_NAME", "WEIGHTS_NAME"]

@@ -1,0 +1,145 @@
+"""Benchmark suites: a dataset, a stream recipe, a backbone and the methods to run.
+
+A suite is a JSON file (``configs/suites/<name>.json``), so a user can define one
+over any dataset (a source name, a local path or a Hub id, with named columns)
+without writing code. ``--quick`` applies the suite's ``quick`` overrides: the
+same stream with fewer examples, for CI and the demo.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .config import CLConfig
+from .engine import TrainingConfig
+from .registry import get_method
+
+CONFIG_ROOT = Path(__file__).resolve().parents[1] / "configs"
+SCENARIOS = ("class", "domain", "task")
+
+
+@dataclass
+class SuiteConfig:
+    """One benchmark: everything but the seed and the method."""
+
+    name: str = field(metadata={"help": "Suite name, used in results."})
+    dataset: str = field(metadata={"help": "Source name (see `hf-clroute data list`), local path or Hub dataset id."})
+    backbone: str = field(
+        metadata={"help": "'pretrained-vit:<recipe>', 'minilm', a local checkpoint dir or a Hub model id."}
+    )
+    input_column: str | None = field(default=None, metadata={"help": "Image/text column (None: infer)."})
+    label_column: str = field(default="label", metadata={"help": "Label column."})
+    scenario: str = field(default="class", metadata={"help": "'class', 'domain' or 'task' incremental."})
+    n_tasks: int = field(default=5, metadata={"help": "Number of experiences."})
+    min_examples_per_class: int = field(
+        default=0, metadata={"help": "Keep only classes with at least this many training examples (0 = all)."}
+    )
+    max_classes: int = field(default=0, metadata={"help": "Keep at most this many classes (0 = all)."})
+    train_per_class: int | None = field(default=None, metadata={"help": "Training examples per class (None = all)."})
+    test_per_class: int | None = field(default=None, metadata={"help": "Test examples per class (None = all)."})
+    max_length: int = field(default=64, metadata={"help": "Token limit for text backbones."})
+    training: dict[str, Any] = field(default_factory=dict, metadata={"help": "TrainingConfig fields for every method."})
+    methods: dict[str, dict[str, Any]] = field(
+        default_factory=dict,
+        metadata={"help": "Method name -> {'config': adapter config fields, 'training': TrainingConfig overrides}."},
+    )
+    quick: dict[str, Any] = field(default_factory=dict, metadata={"help": "Overrides of the fields above for --quick."})
+    description: str = field(default="", metadata={"help": "What the suite measures, for tables and model cards."})
+
+    def __post_init__(self) -> None:
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"SuiteConfig.scenario must be one of {SCENARIOS}, got {self.scenario!r}")
+        if self.n_tasks <= 0:
+            raise ValueError(f"SuiteConfig.n_tasks must be positive, got {self.n_tasks}")
+        known = {f.name for f in dataclasses.fields(self)}
+        bad = sorted(set(self.quick) - known)
+        if bad:
+            raise ValueError(f"SuiteConfig.quick has unknown field(s) {bad}")
+
+    @classmethod
+    def load(cls, name_or_path: str) -> "SuiteConfig":
+        """A built-in suite name (``configs/suites/<name>.json``) or a path to a JSON file."""
+        path = Path(name_or_path)
+        if not path.is_file():
+            path = CONFIG_ROOT / "suites" / f"{name_or_path}.json"
+        if not path.is_file():
+            raise ValueError(f"unknown suite {name_or_path!r}; built-in suites: {builtin_suites()}")
+        data = json.loads(path.read_text())
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"suite file {path} has unknown field(s) {unknown}; known: {sorted(known)}")
+        return cls(**data)
+
+    def quick_version(self) -> "SuiteConfig":
+        return dataclasses.replace(self, **self.quick, quick={})
+
+    def method_names(self) -> list[str]:
+        return list(self.methods)
+
+    def adapter_config(self, method: str) -> CLConfig:
+        fields = dict(self.methods.get(method, {}).get("config", {}))
+        config_class = get_method(method).config_class
+        return config_class(scenario=self.scenario, **fields)
+
+    def training_config(self, method: str, seed: int, **overrides: Any) -> TrainingConfig:
+        merged = {**self.training, **self.methods.get(method, {}).get("training", {}), **overrides}
+        return TrainingConfig(seed=seed, **merged)
+
+
+def builtin_suites() -> list[str]:
+    return sorted(p.stem for p in (CONFIG_ROOT / "suites").glob("*.json"))
+
+
+def build_stream(suite: SuiteConfig, seed: int) -> list:
+    """The suite's experiences for one seed (class order and stream order fixed by it)."""
+    from .data.loading import load_labeled_dataset
+    from .data.streams import class_incremental, classes_with_at_least
+
+    dsets = load_labeled_dataset(suite.dataset, input_column=suite.input_column, label_column=suite.label_column)
+    classes = None
+    if suite.min_examples_per_class:
+        classes = classes_with_at_least(dsets, suite.min_examples_per_class)
+    if suite.max_classes:
+        classes = (classes or sorted(set(dsets["train"]["label"])))[: suite.max_classes]
+    if suite.scenario == "domain":
+        raise ValueError("domain-incremental suites take a list of datasets; not supported by SuiteConfig yet")
+    return class_incremental(
+        dsets,
+        n_tasks=suite.n_tasks,
+        seed=seed,
+        classes=classes,
+        train_per_class=suite.train_per_class,
+        test_per_class=suite.test_per_class,
+    )
+
+
+def resolve_backbone_path(backbone: str) -> str:
+    """Turn the suite's backbone string into something ``from_pretrained`` accepts."""
+    if backbone.startswith("pretrained-vit:"):
+        from .pretrained import pretrained_vit_path
+
+        return pretrained_vit_path(backbone.split(":", 1)[1])
+    if backbone == "minilm":
+        from .backbones import offline_model_path
+
+        return offline_model_path("minilm")
+    return backbone
+
+
+def load_suite_backbone(suite: SuiteConfig) -> tuple[Any, Callable]:
+    """(backbone model, collator) for the suite; loaded fresh for each method and seed."""
+    from .backbones import get_backbone_spec, load_backbone
+    from .data.collate import ImageCollator, TextClassificationCollator
+
+    model, processor = load_backbone(resolve_backbone_path(suite.backbone))
+    modality = get_backbone_spec(model).modality
+    if modality == "image":
+        return model, ImageCollator.from_processor(processor)
+    if modality == "text":
+        return model, TextClassificationCollator(processor, max_length=suite.max_length)
+    raise ValueError(f"suite {suite.name!r}: backbone modality {modality!r} is not a classification backbone")

@@ -1,0 +1,91 @@
+"""Hub-related test environment and fixtures (the local Hub server).
+
+The environment block below runs at import time, before any test module imports
+transformers/datasets/peft/huggingface_hub, because huggingface_hub reads
+``HF_ENDPOINT``, ``HF_HUB_DISABLE_XET`` and ``HF_HUB_OFFLINE`` into constants when it is
+first imported. Subprocesses (``accelerate launch``) inherit it through ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+HUB_PORT = _free_port()
+HUB_ENDPOINT = f"http://127.0.0.1:{HUB_PORT}"
+_HF_TMP = tempfile.mkdtemp(prefix="hf_clroute_tests_hf_")
+os.environ.update(
+    HF_ENDPOINT=HUB_ENDPOINT,
+    HF_HUB_DISABLE_XET="1",  # else uploads go to a Xet CAS endpoint the local server lacks
+    HF_DATASETS_OFFLINE="1",
+    HF_HUB_DISABLE_TELEMETRY="1",
+    HF_TOKEN="hf_clroute-dummy-token",  # the local Hub accepts any bearer token
+    HF_HUB_OFFLINE="0",  # "1" would block the local round trip; nothing else is reachable anyway
+    HF_HOME=os.path.join(_HF_TMP, "hf_home"),  # downloads never touch the user's cache
+    HF_HUB_CACHE=os.path.join(_HF_TMP, "hf_home", "hub"),
+)
+os.environ.pop("TRANSFORMERS_OFFLINE", None)  # huggingface_hub treats it as HF_HUB_OFFLINE
+
+if "huggingface_hub" in sys.modules:  # imported before us (a plugin?): its constants are stale
+    from huggingface_hub import constants as _hf_constants
+
+    if _hf_constants.ENDPOINT != HUB_ENDPOINT:
+        raise RuntimeError(
+            "huggingface_hub was imported before tests/conftest.py could point HF_ENDPOINT at the local Hub "
+            f"({_hf_constants.ENDPOINT!r} != {HUB_ENDPOINT!r}); do not import it from a pytest plugin."
+        )
+
+import pytest  # noqa: E402
+
+if TYPE_CHECKING:
+    from hf_clroute.testing import HubServer
+
+
+@pytest.fixture(scope="session")
+def hub_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
+    """The local Hub at ``HF_ENDPOINT`` (``hub_server.url``), file-backed in a session tmp dir."""
+    from hf_clroute.testing import HubServer  # lazy: the package imports heavy modules
+
+    server = HubServer(tmp_path_factory.mktemp("hub"), port=HUB_PORT).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hub_repo_id(request: pytest.FixtureRequest) -> str:
+    """A fresh ``tester/<test name>-<random>`` repo id, so tests sharing the session Hub never collide."""
+    name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60].strip("-")
+    return f"tester/{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def hub_down_endpoint(hub_server: HubServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``HF_ENDPOINT`` with the Hub stopped (connection refused); restarted, same data, afterwards.
+
+    huggingface_hub retries connection errors with 1+2+4+8+8 s sleeps in ``http_backoff``;
+    shrink those waits so "push while the Hub is down" tests fail fast instead of in ~23 s.
+    """
+    from huggingface_hub.utils import _http
+
+    for fn in (_http.http_backoff, _http.http_stream_backoff):
+        kwdefaults = getattr(fn, "__kwdefaults__", None) or {}
+        if {"base_wait_time", "max_wait_time"} <= kwdefaults.keys():
+            monkeypatch.setitem(kwdefaults, "base_wait_time", 0.01)
+            monkeypatch.setitem(kwdefaults, "max_wait_time", 0.02)
+    hub_server.stop()
+    try:
+        yield hub_server.url
+    finally:
+        hub_server.start()

@@ -1,0 +1,252 @@
+"""Tests for hf_clroute.metrics (SPEC 4): properties, hand-worked examples, evaluate module."""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from hf_clroute.metrics import (
+    METRIC_PATH,
+    SUMMARY_KEYS,
+    aggregate_runs,
+    anytime_accuracy,
+    average_incremental_accuracy,
+    backward_transfer,
+    final_average_accuracy,
+    forgetting,
+    forward_transfer,
+    load_metric,
+    mean_std,
+    perplexity_retention,
+    retention,
+    summarize,
+)
+
+settings.register_profile("metrics", max_examples=60, deadline=None, database=None)
+settings.load_profile("metrics")
+
+FRACTION = st.floats(0.0, 1.0)
+
+
+@st.composite
+def accuracy_matrices(draw, min_tasks: int = 1) -> np.ndarray:
+    t = draw(st.integers(min_tasks, 6))
+    return draw(arrays(np.float64, (t, t), elements=FRACTION))
+
+
+@st.composite
+def no_forgetting_matrices(draw) -> np.ndarray:
+    """R[t][j] = c_j for every t >= j; the upper triangle (unseen tasks) is arbitrary."""
+    r = draw(accuracy_matrices())
+    for j in range(r.shape[0]):
+        r[j:, j] = r[j, j]
+    return r
+
+
+@st.composite
+def monotone_drop_matrices(draw) -> np.ndarray:
+    """T >= 2 and each column strictly decreases once its task is learned."""
+    t = draw(st.integers(2, 6))
+    r = draw(arrays(np.float64, (t, t), elements=st.floats(0.0, 0.5)))
+    diag = draw(arrays(np.float64, t, elements=st.floats(0.6, 1.0)))
+    drops = draw(arrays(np.float64, (t, t), elements=st.floats(0.01, 0.1)))
+    for j in range(t):
+        r[j:, j] = diag[j] - np.concatenate([[0.0], np.cumsum(drops[j + 1 :, j])])
+    return r
+
+
+# ------------------------------------------------------------------ hand-worked examples
+R3 = [[0.8, 0.1, 0.0], [0.6, 0.9, 0.2], [0.5, 0.7, 0.6]]
+B3 = [0.1, 0.05, 0.1]
+ANY3 = [0.8, 0.7, 0.6, 0.65]
+
+
+def test_hand_worked_3x3() -> None:
+    # A_T = (0.5 + 0.7 + 0.6) / 3
+    assert final_average_accuracy(R3) == pytest.approx(0.6)
+    # A_bar = (0.8 + (0.6 + 0.9) / 2 + (0.5 + 0.7 + 0.6) / 3) / 3 = 2.15 / 3
+    assert average_incremental_accuracy(R3) == pytest.approx(2.15 / 3)
+    # F = ((max(0.8, 0.6) - 0.5) + (0.9 - 0.7)) / 2
+    assert forgetting(R3) == pytest.approx(0.25)
+    # BWT = ((0.5 - 0.8) + (0.7 - 0.9)) / 2
+    assert backward_transfer(R3) == pytest.approx(-0.25)
+    # FWT = ((0.1 - 0.05) + (0.2 - 0.1)) / 2
+    assert forward_transfer(R3, B3) == pytest.approx(0.075)
+    assert anytime_accuracy(ANY3) == pytest.approx(2.75 / 4)
+    expected = {"A_T": 0.6, "A_bar": 2.15 / 3, "F_T": 0.25, "BWT": -0.25, "FWT": 0.075, "A_AUC": 0.6875}
+    assert summarize(R3, B3, ANY3) == pytest.approx(expected)
+
+
+def test_forgetting_conventions_differ_only_before_learned() -> None:
+    # Domain-incremental: task 1 scores 0.85 before it is trained (row 0), 0.7 after.
+    r = [[0.9, 0.85, 0.3], [0.8, 0.7, 0.4], [0.6, 0.5, 0.9]]
+    # default, l in {j..T-2}: ((0.9 - 0.6) + (0.7 - 0.5)) / 2
+    assert forgetting(r) == pytest.approx(0.25)
+    # literal SPEC / Chaudhry, l in {0..T-2}: ((0.9 - 0.6) + (0.85 - 0.5)) / 2
+    assert forgetting(r, include_before_learned=True) == pytest.approx(0.325)
+    assert forgetting(R3, include_before_learned=True) == pytest.approx(forgetting(R3))
+
+
+def test_single_task_edge_case() -> None:
+    assert summarize([[0.7]], b=[0.2], anytime=[0.5]) == pytest.approx(
+        {"A_T": 0.7, "A_bar": 0.7, "F_T": 0.0, "BWT": 0.0, "FWT": 0.0, "A_AUC": 0.5}
+    )
+
+
+def test_summary_keys_and_optional_inputs() -> None:
+    out = summarize(R3)
+    assert tuple(out) == SUMMARY_KEYS
+    assert out["FWT"] is None and out["A_AUC"] is None
+
+
+def test_perplexity_retention_hand_worked() -> None:
+    p = [[10.0, 40.0, 40.0], [15.0, 8.0, 30.0], [20.0, 12.0, 5.0]]
+    assert retention(p, domain=0, after=1) == pytest.approx(1.5)  # P[1][0] / P[0][0]
+    assert retention(p, domain=1, after=1) == pytest.approx(1.0)
+    out = perplexity_retention(p)
+    assert out["retention"] == pytest.approx([2.0, 1.5])
+    assert out["mean_retention"] == pytest.approx(1.75)
+    assert out["final_perplexity"] == pytest.approx([20.0, 12.0, 5.0])
+    assert perplexity_retention([[3.0]]) == {"retention": [], "mean_retention": 1.0, "final_perplexity": [3.0]}
+
+
+# ---------------------------------------------------------------------------- properties
+@given(no_forgetting_matrices())
+def test_no_forgetting_gives_zero(r: np.ndarray) -> None:
+    assert forgetting(r) == pytest.approx(0.0, abs=1e-12)
+    assert backward_transfer(r) == pytest.approx(0.0, abs=1e-12)
+
+
+@given(monotone_drop_matrices())
+def test_monotone_drops_give_positive_forgetting(r: np.ndarray) -> None:
+    assert forgetting(r) > 0.0
+    assert backward_transfer(r) < 0.0
+    # With monotone drops the best score is the diagonal, so F == -BWT exactly.
+    assert forgetting(r) == pytest.approx(-backward_transfer(r))
+
+
+@given(accuracy_matrices(), st.booleans())
+def test_forgetting_bounds_minus_bwt(r: np.ndarray, literal: bool) -> None:
+    # Both conventions include the diagonal R[j][j] in the max, so F_T >= -BWT.
+    assert forgetting(r, include_before_learned=literal) >= -backward_transfer(r) - 1e-12
+
+
+@given(accuracy_matrices())
+def test_ranges(r: np.ndarray) -> None:
+    out = summarize(r, b=np.zeros(r.shape[0]), anytime=r[-1])
+    assert 0.0 <= out["A_T"] <= 1.0 and 0.0 <= out["A_bar"] <= 1.0
+    assert out["A_AUC"] == pytest.approx(out["A_T"])
+    for key in ("F_T", "BWT", "FWT"):
+        assert -1.0 <= out[key] <= 1.0
+    assert forgetting(r, include_before_learned=True) >= forgetting(r) - 1e-12
+
+
+@given(accuracy_matrices(min_tasks=2), st.randoms(use_true_random=False))
+def test_relabelling_earlier_tasks_is_invariant(r: np.ndarray, rnd) -> None:
+    # Relabel tasks 0..T-2 (rows and columns together): the final row, the
+    # diagonal and the column-wise max over rows 0..T-2 are only permuted.
+    t = r.shape[0]
+    perm = list(range(t - 1))
+    rnd.shuffle(perm)
+    perm.append(t - 1)
+    inverse = np.argsort(perm)
+    p = r[np.ix_(inverse, inverse)]
+    assert final_average_accuracy(p) == pytest.approx(final_average_accuracy(r))
+    assert backward_transfer(p) == pytest.approx(backward_transfer(r))
+    literal = forgetting(p, include_before_learned=True)
+    assert literal == pytest.approx(forgetting(r, include_before_learned=True))
+
+
+@given(accuracy_matrices(min_tasks=2), st.floats(0.0, 1.0))
+def test_forward_transfer_is_shift_by_baseline(r: np.ndarray, shift: float) -> None:
+    b = np.full(r.shape[0], shift)
+    assert forward_transfer(r, b) == pytest.approx(forward_transfer(r, np.zeros_like(b)) - shift)
+
+
+# ---------------------------------------------------------------------------- validation
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        ([[0.5, 0.5]], "square"),
+        ([0.5, 0.5], "2-D"),
+        (np.zeros((0, 0)), "empty"),
+        ([[0.5, float("nan")], [0.5, 0.5]], "non-finite"),
+        ([[0.5, float("inf")], [0.5, 0.5]], "non-finite"),
+        ([[50.0, 0.0], [40.0, 60.0]], r"\[0, 1\]"),
+        ([[-0.1, 0.0], [0.4, 0.6]], r"\[0, 1\]"),
+        ([[0.5], [0.5, 0.5]], "ragged"),
+        ([["a", "b"], ["c", "d"]], "numeric"),
+    ],
+)
+def test_invalid_accuracy_matrix(bad, message: str) -> None:
+    for fn in (final_average_accuracy, average_incremental_accuracy, forgetting, backward_transfer, summarize):
+        with pytest.raises(ValueError, match=message):
+            fn(bad)
+
+
+def test_invalid_other_inputs() -> None:
+    with pytest.raises(ValueError, match="length 3"):
+        forward_transfer(R3, [0.1, 0.1])
+    with pytest.raises(ValueError, match=r"b values .*\[0, 1\]"):
+        forward_transfer(R3, [0.1, 2.0, 0.1])
+    with pytest.raises(ValueError, match="anytime must not be empty"):
+        anytime_accuracy([])
+    with pytest.raises(ValueError, match="> 0"):
+        perplexity_retention([[1.0, 2.0], [0.0, 3.0]])
+    with pytest.raises(ValueError, match="domain <= after"):
+        retention([[1.0, 2.0], [2.0, 3.0]], domain=1, after=0)
+
+
+# ----------------------------------------------------------------------------- aggregate
+@given(st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=8))
+def test_mean_std_matches_statistics(values: list[float]) -> None:
+    out = mean_std(values)
+    assert out["mean"] == pytest.approx(statistics.fmean(values), abs=1e-9)
+    expected_std = statistics.stdev(values) if len(values) > 1 else 0.0
+    assert out["std"] == pytest.approx(expected_std, rel=1e-6, abs=1e-6)
+
+
+def test_aggregate_runs_skips_none() -> None:
+    runs = [summarize(R3), summarize(R3, B3), summarize([[1.0, 0.0], [0.8, 0.9]], [0.0, 0.0])]
+    out = aggregate_runs(runs)
+    assert "A_AUC" not in out
+    assert out["FWT"] == pytest.approx({"mean": 0.0375, "std": statistics.stdev([0.075, 0.0])})
+    assert out["A_T"]["mean"] == pytest.approx((0.6 + 0.6 + 0.85) / 3)
+    assert mean_std([0.3]) == {"mean": 0.3, "std": 0.0}
+    with pytest.raises(ValueError, match="at least one"):
+        mean_std([])
+
+
+# ------------------------------------------------------------------------------ evaluate
+@pytest.fixture(scope="module")
+def cl_metric():
+    return load_metric(keep_in_memory=True)
+
+
+def test_evaluate_module_matches_summarize(cl_metric) -> None:
+    import evaluate
+
+    direct = evaluate.load(str(METRIC_PATH), keep_in_memory=True)
+    rng = np.random.default_rng(0)
+    r = rng.uniform(size=(4, 4))
+    for metric in (cl_metric, direct):
+        assert metric.compute(accuracy_matrix=R3, untrained_accuracy=B3, anytime=ANY3) == pytest.approx(
+            summarize(R3, B3, ANY3)
+        )
+        assert metric.compute(accuracy_matrix=r.tolist()) == pytest.approx(summarize(r))
+
+
+def test_evaluate_module_row_by_row(cl_metric) -> None:
+    for row in R3:  # one add per task boundary
+        cl_metric.add(accuracy_matrix=row)
+    assert cl_metric.compute(untrained_accuracy=B3) == pytest.approx(summarize(R3, B3))
+
+
+def test_evaluate_module_validates(cl_metric) -> None:
+    with pytest.raises(ValueError, match="square"):
+        cl_metric.compute(accuracy_matrix=[[0.5, 0.5]])

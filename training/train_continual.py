@@ -1,0 +1,78 @@
+"""Train one continual method over one suite's stream, under `accelerate launch`.
+
+    accelerate launch training/train_continual.py --config configs/runs/split-mnist-finetune.json
+
+Two CPU processes on one machine (SPEC 8):
+
+    ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
+        --mixed_precision no --dynamo_backend no training/train_continual.py --config ...
+
+The run config is JSON: {"suite": <built-in name | suite JSON path | inline suite>,
+"method": <name>, "seed": 0, "quick": false, "training": {TrainingConfig overrides},
+"output_dir": "runs/..."}. Checkpoints go to <output_dir>/checkpoints; pass
+--resume to continue a stopped run from its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hf_clroute.bench import run_method, summarize_result
+from hf_clroute.engine import make_accelerator
+from hf_clroute.io import atomic_write_text
+from hf_clroute.suites import SuiteConfig
+
+
+def load_run_config(path: str) -> dict:
+    config = json.loads(Path(path).read_text())
+    missing = [k for k in ("suite", "method", "output_dir") if k not in config]
+    if missing:
+        raise ValueError(f"run config {path} is missing field(s) {missing}")
+    return config
+
+
+def get_suite(config: dict) -> SuiteConfig:
+    suite = config["suite"]
+    suite = SuiteConfig(**suite) if isinstance(suite, dict) else SuiteConfig.load(suite)
+    return suite.quick_version() if config.get("quick") else suite
+
+
+def training_function(config: dict, args: argparse.Namespace) -> dict:
+    suite = get_suite(config)
+    out = Path(config["output_dir"])
+    overrides = {"checkpoint_dir": str(out / "checkpoints"), **config.get("training", {})}
+    if args.stop_after_steps:
+        overrides["stop_after_steps"] = args.stop_after_steps
+    training = suite.training_config(config["method"], config.get("seed", 0), **overrides)
+    accelerator = make_accelerator(training)
+    resume = str(out / "checkpoints") if args.resume else None
+    result, model = run_method(
+        suite, config["method"], training.seed, accelerator=accelerator, resume_from=resume, **overrides
+    )
+    report = {"suite": suite.name, "method": config["method"], "seed": training.seed,
+              "num_processes": accelerator.num_processes, "finished": result.finished,
+              "accuracy_matrix": result.accuracy_matrix, "untrained_accuracy": result.untrained_accuracy,
+              "anytime": result.anytime, "params": result.params}
+    if result.finished:
+        report["summary"] = summarize_result(result)
+    if accelerator.is_main_process:
+        model.save_pretrained(out / "adapter")
+        atomic_write_text(out / "result.json", json.dumps(report, indent=2, sort_keys=True) + "\n")
+        print(json.dumps({k: report[k] for k in ("method", "finished", "accuracy_matrix")}))
+    accelerator.wait_for_everyone()
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="run config JSON")
+    parser.add_argument("--resume", action="store_true", help="continue from <output_dir>/checkpoints/latest")
+    parser.add_argument("--stop-after-steps", type=int, default=0, help="stop (resumably) after N global steps")
+    args = parser.parse_args()
+    training_function(load_run_config(args.config), args)
+
+
+if __name__ == "__main__":
+    main()
