@@ -11,23 +11,22 @@ models; ``tests/test_backbones.py`` pins them). They differ from 4.x: ViT's
 blocks are ``vit.layers`` (not ``vit.encoder.layer``) and its attention is one
 ``ViTAttention`` with ``q_proj/k_proj/v_proj/o_proj``.
 
-How a block calls the module named by ``BackboneSpec.attention`` (5.24):
+How a block calls the module named by ``BackboneSpec.attention`` (5.24), and
+what that module receives as ``hidden_states``:
 
-=====  ========================================================  ==================
-family call inside the block                                      attention input
-=====  ========================================================  ==================
-vit    ``self.attention(h, attention_mask, **kwargs)``             ``layernorm_before(x)``
-bert   ``self.attention(h, attention_mask, cache=..., **kwargs)``  the block input ``x``
-gpt2   ``self.attn(h, cache=..., attention_mask=..., use_cache=...,  ``ln_1(x)``
-       position_ids=..., **kwargs)``
-=====  ========================================================  ==================
+* vit: ``self.attention(h, attention_mask, **kwargs)``; ``h = layernorm_before(x)``.
+* bert: ``self.attention(h, attention_mask, cache=..., **kwargs)``; ``h = x`` (post-LN).
+* gpt2: ``self.attn(h, cache=..., attention_mask=..., use_cache=..., position_ids=...,
+  **kwargs)``; ``h = ln_1(x)``.
 
 All three return ``(output, attn_weights)`` and the block keeps ``[0]``. So a
 wrapper ``forward(hidden_states, *args, **kwargs)`` finds the mask as
 ``args[0] if args else kwargs.get("attention_mask")``. The mask is ``None``
-when nothing is masked (no padding; for GPT-2 under ``sdpa`` the causal mask
-is then implied by ``is_causal``), else 4-D ``(B, 1, L_q, L_kv)``: boolean
-(True = attend) under ``sdpa``, additive float (0 / dtype-min) under ``eager``.
+when nothing is masked (ViT always; BERT without padding; GPT-2 under ``sdpa``
+without padding, where causality then comes from ``is_causal`` inside the
+kernel), else 4-D ``(B, 1, L_q, L_kv)``: boolean (True = attend) under
+``sdpa``, additive float (0 / dtype-min) under ``eager`` (GPT-2 ``eager``
+always gets the float causal mask).
 """
 
 from __future__ import annotations

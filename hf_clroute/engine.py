@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, set_seed
+from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
@@ -108,6 +108,9 @@ def make_accelerator(config: TrainingConfig, cpu: bool = False) -> Accelerator:
         log_with=config.log_with,
         project_dir=config.checkpoint_dir,
         dataloader_config=DataLoaderConfiguration(split_batches=True),
+        # Routed methods leave some parameters unused in a step (APN's inactive patches,
+        # a backbone's unused pooler); DDP must not wait for their gradients.
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
     )
 
 

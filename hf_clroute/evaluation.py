@@ -74,7 +74,8 @@ def evaluate_experience(
             samples += tokens.numel()
             continue
         logits = model(**model_inputs(batch))
-        if logits.shape[1] == 0:  # no class learnt yet: every prediction is wrong
+        unlearnt = max(task_classes or [0]) >= logits.shape[1]
+        if logits.shape[1] == 0 or unlearnt:  # the head has no output for this task yet: all wrong
             preds = torch.full_like(batch["labels"], -1)
         else:
             preds = task_mask_logits(logits, task_classes).argmax(dim=-1)

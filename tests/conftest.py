@@ -61,6 +61,10 @@ def hub_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HubServer]:
     server = HubServer(tmp_path_factory.mktemp("hub"), port=HUB_PORT).start()
     yield server
     server.stop()
+    # The client swallows errors on some calls (e.g. best-effort registries), so a new
+    # endpoint could go unnoticed; surface every request no route matched.
+    if server.unrouted:
+        pytest.fail(f"the local Hub got requests it does not implement: {server.unrouted}", pytrace=False)
 
 
 @pytest.fixture

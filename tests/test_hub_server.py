@@ -101,15 +101,16 @@ def test_upload_folder_one_commit_list_and_snapshot(api: HfApi, repo: str, hub_s
     (src / "sub").mkdir(parents=True)
     (src / "config.json").write_text('{"a": 1}')
     (src / "sub" / "model.safetensors").write_bytes(b"\0" * 100)  # small but binary => lfs
+    (src / "router.safetensors").write_bytes(b"\1" * 100)  # a second LFS file: concurrent PUTs
     (src / "sub" / "notes.md").write_text("notes")
     before = _n_commits(hub_server, repo)
     info = api.upload_folder(folder_path=src, repo_id=repo)
     assert _n_commits(hub_server, repo) == before + 1
 
-    expected = {".gitattributes", "config.json", "sub/model.safetensors", "sub/notes.md"}
+    expected = {".gitattributes", "config.json", "router.safetensors", "sub/model.safetensors", "sub/notes.md"}
     assert set(api.list_repo_files(repo)) == expected
     top = {f.path: type(f).__name__ for f in api.list_repo_tree(repo)}
-    assert top == {".gitattributes": "RepoFile", "config.json": "RepoFile", "sub": "RepoFolder"}
+    assert top == {p: "RepoFile" for p in expected if "/" not in p} | {"sub": "RepoFolder"}
     assert {f.path for f in api.list_repo_tree(repo, path_in_repo="sub")} == {"sub/model.safetensors", "sub/notes.md"}
     assert api.model_info(repo).sha == info.oid
 

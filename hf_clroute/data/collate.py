@@ -7,7 +7,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -57,7 +58,7 @@ class ImageCollator:
         self.label_column = label_column
 
     @classmethod
-    def from_processor(cls, image_processor: Any, **kwargs: Any) -> "ImageCollator":
+    def from_processor(cls, image_processor: Any, **kwargs: Any) -> ImageCollator:
         """Read size, mean and std from a transformers image processor (e.g. ``ViTImageProcessor``)."""
         size = image_processor.size
         if isinstance(size, dict) or hasattr(size, "get"):

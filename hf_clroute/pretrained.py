@@ -1,0 +1,312 @@
+"""Stand-in pretrained ViT backbones, built offline (SPEC sections 6 and 10, issue 3).
+
+No pretrained ViT can be downloaded on these machines, so a small
+``ViTForImageClassification`` (28x28 grayscale, patch 7, ~0.9M parameters) is
+pretrained in-project by ``training/pretrain_vit.py`` and cached as a normal
+transformers checkpoint (``config.json`` + ``model.safetensors`` +
+``preprocessor_config.json``) that ``from_pretrained`` loads and that can be
+pushed to the Hub like any other model.
+
+Each recipe pretrains for ONE benchmark stream and never sees that stream's
+labels: it learns from the labels of a *different* dataset (supervised
+cross-entropy) plus the *unlabelled* training images of the stream's dataset
+(self-supervised contrastive loss), the way web-scale pretraining has seen
+images like the benchmarks' but not their annotations.
+
+Public API
+----------
+* :data:`RECIPES` -- recipe name -> :class:`Recipe` (description, the data used).
+* :func:`pretrained_vit_path` -- the cached checkpoint directory, built on first use.
+* :func:`frozen_probe_report` -- nearest-class-mean and linear-probe accuracy of a
+  checkpoint's frozen features (the CLS token of ``ViTModel.last_hidden_state``)
+  on a dataset, to say how good a backbone is for a stream.
+* :func:`load_images` -- a dataset split decoded once into a uint8 tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "RECIPES",
+    "Recipe",
+    "pretrained_vit_path",
+    "frozen_probe_report",
+    "load_images",
+    "extract_features",
+    "ncm_accuracy",
+    "linear_probe_accuracy",
+]
+
+REPORT_NAME = "pretrain_report.json"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a stand-in backbone learns from, and for which stream it is meant.
+
+    ``source``: a dataset whose labels train the classifier head (cross-entropy).
+    ``target``: the dataset of the benchmark stream; ONLY its unlabelled training
+    images are used (self-supervised loss); its labels never reach the backbone.
+    """
+
+    name: str
+    description: str
+    source: str
+    target: str
+    stream: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+RECIPES: dict[str, Recipe] = {
+    "vit-mnist-stream": Recipe(
+        name="vit-mnist-stream",
+        description=(
+            "Backbone for the Split-MNIST stream: supervised on Fashion-MNIST labels + "
+            "SimCLR (NT-Xent) on unlabelled MNIST training images; never sees MNIST labels."
+        ),
+        source="fashion_mnist",
+        target="mnist",
+        stream="Split-MNIST",
+    ),
+    "vit-fashion-stream": Recipe(
+        name="vit-fashion-stream",
+        description=(
+            "Backbone for the Split-Fashion stream: supervised on MNIST labels + "
+            "SimCLR (NT-Xent) on unlabelled Fashion-MNIST training images; never sees Fashion-MNIST labels."
+        ),
+        source="mnist",
+        target="fashion_mnist",
+        stream="Split-Fashion",
+    ),
+}
+
+
+def get_recipe(name: str) -> Recipe:
+    try:
+        return RECIPES[name]
+    except KeyError:
+        raise KeyError(f"unknown pretrained-ViT recipe {name!r}; known: {', '.join(RECIPES)}") from None
+
+
+# --------------------------------------------------------------------------- cache
+
+
+def models_dir() -> Path:
+    from .data.sources import cache_dir
+
+    return cache_dir() / "models"
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / "config.json").is_file() and (path / "preprocessor_config.json").is_file() and (
+        (path / "model.safetensors").is_file() or (path / "pytorch_model.bin").is_file()
+    )
+
+
+def pretrained_vit_path(recipe: str, build: bool = True, **train_overrides: Any) -> str:
+    """Directory of the cached stand-in backbone ``recipe`` (``cache_dir()/models/<recipe>``).
+
+    When it is missing and ``build`` is true, it is built by running the
+    training function of ``training/pretrain_vit.py`` in this process (a few
+    CPU minutes); the build writes into a temporary sibling directory that is
+    renamed into place only when complete, so an interrupted or concurrent
+    build never leaves a half-written checkpoint under the final name.
+    ``train_overrides`` (e.g. ``steps=20``) go to the training function; they
+    are meant for tests, which should also point ``HF_CLROUTE_CACHE`` elsewhere.
+    """
+    get_recipe(recipe)
+    final = models_dir() / recipe
+    if _is_complete(final):
+        return str(final)
+    if not build:
+        raise FileNotFoundError(
+            f"pretrained ViT {recipe!r} is not built at {final}; call pretrained_vit_path({recipe!r}) "
+            f"or run `python training/pretrain_vit.py --recipe {recipe} --out {final}`"
+        )
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{recipe}.building-", dir=final.parent))
+    try:
+        _train_module().training_function(recipe, str(tmp), **train_overrides)
+        try:
+            os.replace(tmp, final)  # atomic on one filesystem; fails if another build won the race
+        except OSError:
+            if not _is_complete(final):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(final)
+
+
+def _train_module() -> Any:
+    """The training script's module: ``training/`` is not a package, so load it by path.
+
+    The training code lives once, in the script (the Accelerate-examples layout
+    users expect); this keeps the library from duplicating it.
+    """
+    import importlib.util
+    import sys
+
+    name = "hf_clroute_training_pretrain_vit"
+    if name in sys.modules:
+        return sys.modules[name]
+    candidates = [Path(__file__).resolve().parent.parent / "training" / "pretrain_vit.py"]
+    if os.environ.get("HF_CLROUTE_TRAINING_DIR"):
+        candidates.insert(0, Path(os.environ["HF_CLROUTE_TRAINING_DIR"]) / "pretrain_vit.py")
+    for path in candidates:
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            return module
+    raise FileNotFoundError(
+        "training/pretrain_vit.py not found next to the hf_clroute package (an installed wheel does not ship it); "
+        "set HF_CLROUTE_TRAINING_DIR to the repository's training/ directory"
+    )
+
+
+# --------------------------------------------------------------------------- data
+
+
+def load_images(dataset_name: str, split: str, with_labels: bool = True,
+                limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Split ``split`` of ``dataset_name`` decoded once into (N, H, W) uint8 [+ (N,) int64 labels].
+
+    A multi-epoch CPU loop should not decode PNGs every step: 60k 28x28 images
+    are 47 MB as uint8. With ``with_labels=False`` the label column is dropped
+    *before* anything is read, so the labels provably never leave the dataset.
+    ``limit`` keeps the first ``limit`` examples (tests).
+    """
+    from .data.loading import load_labeled_dataset
+
+    ds = load_labeled_dataset(dataset_name)[split]
+    if limit is not None:
+        ds = ds.select(range(min(limit, len(ds))))
+    labels = torch.tensor(ds["label"], dtype=torch.long) if with_labels else None
+    images = ds.remove_columns([c for c in ds.column_names if c != "image"])
+    arrays = [np.asarray(im.convert("L")) for im in images["image"]]
+    return torch.from_numpy(np.stack(arrays)), labels
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def _load_vit(model_path: str | os.PathLike) -> tuple[Any, Any]:
+    from transformers import AutoImageProcessor, ViTModel
+
+    model = ViTModel.from_pretrained(str(model_path), add_pooling_layer=False)
+    processor = AutoImageProcessor.from_pretrained(str(model_path))
+    return model.eval(), processor
+
+
+@torch.no_grad()
+def extract_features(model: Any, images: torch.Tensor, mean: float, std: float,
+                     batch_size: int = 1000) -> torch.Tensor:
+    """Frozen features: the CLS token of ``last_hidden_state`` (after ViTModel's final
+    LayerNorm) -- exactly what the benchmark's frozen-backbone methods use."""
+    base = getattr(model, "vit", model)  # ViTForImageClassification -> its ViTModel
+    was_training = base.training
+    base.eval()
+    out = []
+    for i in range(0, len(images), batch_size):
+        x = images[i:i + batch_size].float().div(255.0).unsqueeze(1)
+        x = (x - mean) / std
+        out.append(base(pixel_values=x).last_hidden_state[:, 0].float())
+    base.train(was_training)
+    return torch.cat(out)
+
+
+def ncm_accuracy(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
+                 test_y: torch.Tensor) -> float:
+    """Nearest class mean by cosine: class means of L2-normalised features,
+    prediction = the most cosine-similar mean."""
+    classes = torch.unique(train_y)
+    normed = F.normalize(train_x, dim=1)
+    means = F.normalize(torch.stack([normed[train_y == c].mean(0) for c in classes]), dim=1)
+    pred = classes[(F.normalize(test_x, dim=1) @ means.T).argmax(1)]
+    return (pred == test_y).float().mean().item()
+
+
+def linear_probe_accuracy(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
+                          test_y: torch.Tensor, weight_decay: float = 1e-4, max_iter: int = 500) -> float:
+    """Multinomial logistic regression on standardised features, full-batch L-BFGS
+    (strong-Wolfe line search) run to convergence -- deterministic, no learning
+    rate to tune. Mean/std come from the training features only; a small L2
+    penalty keeps the optimum finite when classes are separable."""
+    classes, train_t = torch.unique(train_y, return_inverse=True)
+    mu, sd = train_x.mean(0), train_x.std(0).clamp_min(1e-6)
+    xtr = ((train_x - mu) / sd).double()
+    xte = ((test_x - mu) / sd).double()
+    w = torch.zeros(xtr.shape[1], len(classes), dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(len(classes), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, tolerance_grad=1e-7,
+                            tolerance_change=1e-10, history_size=20, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(xtr @ w + b, train_t) + weight_decay * w.pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    with torch.no_grad():
+        pred = classes[(xte @ w + b).argmax(1)]
+    return (pred == test_y).float().mean().item()
+
+
+def frozen_probe_report(model_path: str | os.PathLike | Any, dataset_name: str,
+                        train_limit: int | None = None, test_limit: int | None = None,
+                        mean: float | None = None, std: float | None = None) -> dict[str, Any]:
+    """How good a frozen backbone is on ``dataset_name``: NCM and linear-probe accuracy.
+
+    ``model_path``: a checkpoint directory / Hub id (its image processor gives the
+    normalisation), or an already-loaded ViT model (then pass ``mean``/``std``).
+    Probes are fitted on the dataset's training split (first ``train_limit``
+    examples) and scored on its test split. They are evaluation only: nothing
+    here updates the backbone.
+    """
+    start = time.time()
+    if isinstance(model_path, (str, os.PathLike)):
+        model, processor = _load_vit(model_path)
+        mean = float(np.mean(processor.image_mean)) if mean is None else mean
+        std = float(np.mean(processor.image_std)) if std is None else std
+    else:
+        model = model_path
+        if mean is None or std is None:
+            raise ValueError("frozen_probe_report: pass mean and std with a loaded model")
+    train_images, train_y = load_images(dataset_name, "train", limit=train_limit)
+    test_images, test_y = load_images(dataset_name, "test", limit=test_limit)
+    train_x = extract_features(model, train_images, mean, std)
+    test_x = extract_features(model, test_images, mean, std)
+    return {
+        "dataset": dataset_name,
+        "features": "CLS token of ViTModel last_hidden_state (after the final LayerNorm), frozen",
+        "n_train": len(train_y),
+        "n_test": len(test_y),
+        "feature_dim": int(train_x.shape[1]),
+        "ncm_accuracy": ncm_accuracy(train_x, train_y, test_x, test_y),
+        "ncm": "cosine similarity to the mean of L2-normalised training features per class",
+        "linear_probe_accuracy": linear_probe_accuracy(train_x, train_y, test_x, test_y),
+        "linear_probe": "multinomial logistic regression on standardised features, L-BFGS to convergence, L2 1e-4",
+        "seconds": round(time.time() - start, 1),
+    }
+
+
+def read_report(model_path: str | os.PathLike) -> dict[str, Any]:
+    """The ``pretrain_report.json`` written next to a built checkpoint."""
+    return json.loads((Path(model_path) / REPORT_NAME).read_text())

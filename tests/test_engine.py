@@ -1,0 +1,131 @@
+"""The continual loop on a tiny real stream: rows of R, anytime accuracy, resume, 2 processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import ViTImageProcessor, ViTModel
+
+from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
+from hf_clroute.backbones import tiny_vit_config
+from hf_clroute.baselines import FinetuneConfig, NCMConfig
+from hf_clroute.data import ImageCollator, class_incremental, load_source
+from hf_clroute.engine import make_accelerator
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return class_incremental(
+        load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=20, test_per_class=10, name="mnist"
+    )
+
+
+def tiny_backbone() -> ViTModel:
+    torch.manual_seed(0)
+    return ViTModel(tiny_vit_config())
+
+
+def collator() -> ImageCollator:
+    cfg = tiny_vit_config()
+    return ImageCollator(cfg.image_size, num_channels=cfg.num_channels)
+
+
+def fit(method_config, stream, **training):
+    config = TrainingConfig(**{"batch_size": 8, "learning_rate": 1e-3, "progress": False, **training})
+    model = get_cl_model(tiny_backbone(), method_config)
+    trainer = ContinualTrainer(model, stream, config, collator(), make_accelerator(config, cpu=True))
+    return trainer, trainer.fit()
+
+
+def test_accuracy_matrix_and_anytime(stream):
+    _, result = fit(FinetuneConfig(), stream, eval_every=2)
+    R = result.accuracy_matrix
+    assert len(R) == 2 and all(len(row) == 2 for row in R)
+    assert all(0.0 <= x <= 1.0 for row in R for x in row)
+    # After task 0 the head knows only task 0's classes: task 1 cannot be right.
+    assert R[0][1] == 0.0
+    # 40 training examples per task, batch 8: 5 steps per task, one pass (online).
+    assert result.global_step == 10
+    assert [step for step, _ in result.anytime] == [2, 4, 6, 8, 10]
+    assert len(result.untrained_accuracy) == 2 and result.finished
+    assert result.train_samples_per_s > 0 and result.infer_samples_per_s > 0
+
+
+def test_offline_epochs_repeat_the_task(stream):
+    _, result = fit(FinetuneConfig(), stream, epochs=3)
+    assert result.global_step == 30
+
+
+def test_ncm_learns_without_training_parameters(stream):
+    trainer, result = fit(NCMConfig(), stream)
+    assert result.params["trainable_params"] == 0
+    # Class means of frozen random features still beat chance on 4 MNIST digits.
+    assert result.accuracy_matrix[-1][0] > 0.25 or result.accuracy_matrix[-1][1] > 0.25
+    assert trainer.model.method.class_counts.tolist() == [20.0] * 4
+
+
+def test_resume_equals_uninterrupted(stream, tmp_path):
+    _, full = fit(FinetuneConfig(), stream, eval_every=3)
+    ckpt = tmp_path / "ckpt"
+    # Stop mid-task 1 (step 7 of 10) with checkpoints every 3 steps, as a killed job would.
+    _, partial = fit(FinetuneConfig(), stream, eval_every=3, checkpoint_dir=str(ckpt), checkpoint_every=3, stop_after_steps=7)
+    assert not partial.finished and (ckpt / "latest").read_text().strip() == "ckpt-00000006"
+    config = TrainingConfig(batch_size=8, learning_rate=1e-3, progress=False, eval_every=3, checkpoint_dir=str(ckpt), checkpoint_every=3)
+    model = get_cl_model(tiny_backbone(), FinetuneConfig())
+    resumed = ContinualTrainer(model, stream, config, collator(), make_accelerator(config, cpu=True)).fit(resume_from=ckpt)
+    assert resumed.finished
+    assert resumed.accuracy_matrix == full.accuracy_matrix
+    assert resumed.anytime == full.anytime
+
+
+def test_scenario_task_masks_to_task_classes(stream):
+    _, result = fit(FinetuneConfig(scenario="task"), stream)
+    # With the task id given, each binary task is scored among its own 2 classes only.
+    assert all(x >= 0.0 for x in result.accuracy_matrix[-1])
+
+
+def _write_run_config(tmp_path: Path, backbone_dir: Path, method: str, out: Path) -> Path:
+    suite = {
+        "name": "tiny-split-mnist",
+        "dataset": "mnist",
+        "backbone": str(backbone_dir),
+        "n_tasks": 2,
+        "train_per_class": 20,
+        "test_per_class": 10,
+        "max_classes": 4,
+        "training": {"batch_size": 8, "learning_rate": 0.001, "eval_every": 2, "progress": False},
+    }
+    path = tmp_path / f"{method}-{out.name}.json"
+    path.write_text(json.dumps({"suite": suite, "method": method, "seed": 0, "output_dir": str(out)}))
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["finetune", "ncm"])
+def test_two_process_accelerate_run_matches_one_process(tmp_path, method):
+    backbone_dir = tmp_path / "tiny-vit"
+    tiny_backbone().save_pretrained(backbone_dir)
+    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(backbone_dir)
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    script = str(REPO / "training" / "train_continual.py")
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run([sys.executable, script, "--config", str(_write_run_config(tmp_path, backbone_dir, method, one))],
+                   check=True, env=env, cwd=REPO)
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    subprocess.run([*launch, script, "--config", str(_write_run_config(tmp_path, backbone_dir, method, two))],
+                   check=True, env=env, cwd=REPO)
+    r1, r2 = (json.loads((d / "result.json").read_text()) for d in (one, two))
+    assert r1["num_processes"] == 1 and r2["num_processes"] == 2
+    flat1, flat2 = (sum(r["accuracy_matrix"], []) for r in (r1, r2))
+    # Same global batches, gradients averaged by DDP: equal up to float noise (one test
+    # example of 40 may flip when two logits are within rounding of each other).
+    assert flat1 == pytest.approx(flat2, abs=0.051)

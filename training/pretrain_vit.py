@@ -1,0 +1,370 @@
+"""Pretrain a small stand-in ViT backbone in CPU minutes (issue 3; SPEC sections 6 and 10).
+
+No pretrained ViT can be downloaded on these machines, and a ViT trained only on
+a *different* small dataset transfers poorly (SPEC section 10: a 0.54M-parameter
+Fashion-MNIST ViT gives 30% nearest-class-mean / 66% linear-probe accuracy on
+MNIST, frozen). A web-pretrained backbone has seen images *like* the benchmark's,
+without their benchmark labels. This script imitates that, per recipe
+(``hf_clroute.pretrained.RECIPES``):
+
+* supervised cross-entropy on a labelled **source** dataset (the classifier head
+  saved with the checkpoint, ``id2label`` = the source's classes), plus
+* SimCLR's NT-Xent contrastive loss on two augmented views of the **unlabelled**
+  training images of the **target** stream's dataset. Its labels are dropped
+  before the images are even read (``load_images(..., with_labels=False)``) and
+  the target loader yields only ``pixel_values``.
+
+Both losses share ONE backbone pass per step (source batch and both target views
+concatenated): bigger matrix products are what a 2-core CPU does best.
+
+The result is a normal transformers checkpoint (``ViTForImageClassification`` +
+``ViTImageProcessor``) plus ``pretrain_report.json`` with the objective, steps,
+wall time, source test accuracy and the frozen CLS features' nearest-class-mean
+and linear-probe accuracy on the target stream's test set (probes fitted on its
+training set; evaluation only).
+
+    python training/pretrain_vit.py --recipe vit-mnist-stream --out ~/.cache/hf_clroute/models/vit-mnist-stream
+    accelerate launch training/pretrain_vit.py --recipe vit-fashion-stream --out /tmp/vit-fashion
+
+``hf_clroute.pretrained.pretrained_vit_path(recipe)`` runs :func:`training_function`
+in-process and caches the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader, Dataset
+from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout without install
+
+from hf_clroute.pretrained import (  # noqa: E402  (probes and data live once, in the library)
+    REPORT_NAME,
+    extract_features,
+    frozen_probe_report,
+    get_recipe,
+    load_images,
+)
+
+# Image normalisation used in training and written into the image processor, so
+# that `ImageCollator.from_processor` / `ViTImageProcessor` reproduce it downstream.
+IMAGE_SIZE = 28
+MEAN, STD = 0.5, 0.5
+
+# Defaults sized for ~6-8 minutes on 2 CPU cores per backbone. Patch 7 gives a
+# 4x4 grid (17 tokens with CLS): 3x fewer tokens than patch 4, so a wider and
+# deeper model fits the same budget; digits/clothes at 28x28 lose little.
+DEFAULTS: dict[str, Any] = {
+    "steps": 1500,
+    "batch_size": 128,  # labelled source images per step
+    "target_batch_size": 128,  # unlabelled target images per step (x2 views)
+    "lr": 1e-3,
+    "weight_decay": 0.05,
+    "warmup_fraction": 0.05,
+    "temperature": 0.2,  # NT-Xent temperature (SimCLR uses 0.1-0.5)
+    "contrastive_weight": 1.0,
+    "label_smoothing": 0.1,
+    "hidden_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "intermediate_size": 256,
+    "patch_size": 7,
+    "projection_dim": 64,
+    "seed": 0,
+    "limit": None,  # keep only the first N images of each split (tests)
+    "probe_train_limit": None,
+    "probe_test_limit": None,
+}
+
+
+# --------------------------------------------------------------------------- data
+
+
+class ImageTensorDataset(Dataset):
+    """Decoded uint8 images (N, H, W), with or without labels.
+
+    Without labels an item is ``{"pixel_values": ...}`` only: the unlabelled
+    target stream cannot leak labels into the training loop by construction.
+    """
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor | None = None) -> None:
+        self.images = images
+        self.labels = labels
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        item = {"pixel_values": self.images[i]}
+        if self.labels is not None:
+            item["labels"] = self.labels[i]
+        return item
+
+
+def get_dataloaders(accelerator: Accelerator | None, recipe: str, batch_size: int = 128,
+                    target_batch_size: int | None = None, seed: int = 0,
+                    limit: int | None = None) -> dict[str, Any]:
+    """Loaders for one recipe.
+
+    Returns ``source_train`` (labelled, ``pixel_values`` + ``labels``),
+    ``target_unlabeled`` (``pixel_values`` only) -- both yield uint8 images that
+    the loop augments in torch -- and the decoded source test set
+    (``source_test_images``/``source_test_labels``) and ``source_label_names``.
+    Images are decoded once up front: PNG decoding every step would dominate a
+    multi-epoch CPU loop.
+    """
+    spec = get_recipe(recipe)
+    src_images, src_labels = load_images(spec.source, "train", limit=limit)
+    test_images, test_labels = load_images(spec.source, "test", limit=limit)
+    tgt_images, _ = load_images(spec.target, "train", with_labels=False, limit=limit)
+
+    from hf_clroute.data.loading import load_labeled_dataset
+
+    names = load_labeled_dataset(spec.source)["train"].features["label"].names
+    gen_src = torch.Generator().manual_seed(seed)
+    gen_tgt = torch.Generator().manual_seed(seed + 1)
+    target_batch_size = target_batch_size or batch_size
+    loaders = {
+        "source_train": DataLoader(ImageTensorDataset(src_images, src_labels), batch_size=batch_size,
+                                   shuffle=True, drop_last=True, generator=gen_src),
+        "target_unlabeled": DataLoader(ImageTensorDataset(tgt_images), batch_size=target_batch_size,
+                                       shuffle=True, drop_last=True, generator=gen_tgt),
+    }
+    if accelerator is not None:
+        loaders = dict(zip(loaders, accelerator.prepare(*loaders.values())))
+    loaders.update(source_test_images=test_images, source_test_labels=test_labels, source_label_names=names)
+    return loaders
+
+
+def forever(loader: DataLoader):
+    """Cycle a loader; each pass reshuffles (the sampler draws a new permutation)."""
+    while True:
+        yield from loader
+
+
+# --------------------------------------------------------------------------- augmentation
+
+
+def augment(images: torch.Tensor, strong: bool) -> torch.Tensor:
+    """uint8 (B, H, W) -> normalised float (B, 1, H, W) with random augmentations, batched in torch.
+
+    Random affine (scale, rotation, shear, translation) by ``affine_grid``: the
+    28x28 analogue of SimCLR's random resized crop. No flips: they change a
+    digit's identity. ``strong`` (contrastive views) adds contrast/brightness
+    jitter, Gaussian noise and a random erased 8x8 box, so that matching two
+    views needs the shape, not pixel statistics; the supervised source batch
+    gets the mild affine only.
+    """
+    b, h, w = images.shape
+    x = images.float().div(255.0).unsqueeze(1)
+    u = lambda lo, hi, *shape: torch.empty(b, *shape, device=x.device).uniform_(lo, hi)  # noqa: E731
+    k = 1.0 if strong else 0.5
+    scale = u(1 - 0.25 * k, 1 + 0.15 * k)
+    angle = u(-0.3 * k, 0.3 * k)
+    shear = u(-0.2 * k, 0.2 * k, 2)
+    cos, sin = torch.cos(angle) / scale, torch.sin(angle) / scale
+    theta = torch.stack([
+        torch.stack([cos + shear[:, 0], -sin, u(-0.2 * k, 0.2 * k)], 1),
+        torch.stack([sin, cos + shear[:, 1], u(-0.2 * k, 0.2 * k)], 1),
+    ], 1)
+    grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+    x = F.grid_sample(x, grid, align_corners=False)
+    if strong:
+        x = x * u(0.6, 1.4, 1, 1, 1) + u(-0.2, 0.2, 1, 1, 1)
+        x = x + 0.1 * torch.randn_like(x) * (torch.rand(b, 1, 1, 1, device=x.device) < 0.5)
+        top = torch.randint(0, h - 8, (b, 1, 1), device=x.device)
+        left = torch.randint(0, w - 8, (b, 1, 1), device=x.device)
+        rows = torch.arange(h, device=x.device).view(1, h, 1)
+        cols = torch.arange(w, device=x.device).view(1, 1, w)
+        box = (rows >= top) & (rows < top + 8) & (cols >= left) & (cols < left + 8)
+        box &= (torch.rand(b, 1, 1, device=x.device) < 0.5)
+        x = x.masked_fill(box.unsqueeze(1), 0.0).clamp(0.0, 1.0)
+    return (x - MEAN) / STD
+
+
+# --------------------------------------------------------------------------- model
+
+
+def nt_xent(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
+    """SimCLR's loss: each view must pick its partner among the other 2B-1 views."""
+    z = F.normalize(torch.cat([z1, z2]), dim=1)
+    n = z1.shape[0]
+    sim = z @ z.T / temperature
+    sim = sim.masked_fill(torch.eye(2 * n, dtype=torch.bool, device=z.device), float("-inf"))
+    targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(z.device)
+    return F.cross_entropy(sim, targets)
+
+
+class Pretrainer(nn.Module):
+    """The saved ``ViTForImageClassification`` plus a SimCLR projection head (discarded).
+
+    One module with one forward, so DDP under ``accelerate launch`` sees every
+    parameter used every step. The contrastive loss acts on the CLS token of
+    ``last_hidden_state`` -- the very features the frozen-backbone benchmarks read --
+    through a 2-layer projector, as in SimCLR (features before the projector
+    transfer better than after it).
+    """
+
+    def __init__(self, config: ViTConfig, projection_dim: int) -> None:
+        super().__init__()
+        self.model = ViTForImageClassification(config)
+        d = config.hidden_size
+        self.projector = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, projection_dim))
+
+    def forward(self, source: torch.Tensor, labels: torch.Tensor, views: torch.Tensor,
+                temperature: float, label_smoothing: float) -> dict[str, torch.Tensor]:
+        n_src = source.shape[0]
+        cls = self.model.vit(pixel_values=torch.cat([source, views])).last_hidden_state[:, 0]
+        ce = F.cross_entropy(self.model.classifier(cls[:n_src]), labels, label_smoothing=label_smoothing)
+        z = self.projector(cls[n_src:])
+        z1, z2 = z.chunk(2)
+        return {"ce": ce, "contrastive": nt_xent(z1, z2, temperature)}
+
+
+def build_config(cfg: dict[str, Any], label_names: list[str]) -> ViTConfig:
+    return ViTConfig(
+        image_size=IMAGE_SIZE, patch_size=cfg["patch_size"], num_channels=1,
+        hidden_size=cfg["hidden_size"], num_hidden_layers=cfg["num_hidden_layers"],
+        num_attention_heads=cfg["num_attention_heads"], intermediate_size=cfg["intermediate_size"],
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,  # augmentation regularises; short run
+        num_labels=len(label_names), id2label=dict(enumerate(label_names)),
+        label2id={name: i for i, name in enumerate(label_names)},
+    )
+
+
+@torch.no_grad()
+def source_accuracy(model: ViTForImageClassification, images: torch.Tensor, labels: torch.Tensor) -> float:
+    model.eval()
+    correct = 0
+    for i in range(0, len(images), 1000):
+        x = (images[i:i + 1000].float().div(255.0).unsqueeze(1) - MEAN) / STD
+        correct += (model(pixel_values=x).logits.argmax(1) == labels[i:i + 1000]).sum().item()
+    return correct / len(labels)
+
+
+# --------------------------------------------------------------------------- training
+
+
+def training_function(recipe: str, out: str, **overrides: Any) -> dict[str, Any]:
+    """Pretrain recipe ``recipe`` and save the checkpoint + report into ``out``.
+
+    ``overrides``: any key of :data:`DEFAULTS`. Returns the report dict (main
+    process; other processes return it without the probe numbers).
+    """
+    unknown = set(overrides) - set(DEFAULTS)
+    if unknown:
+        raise TypeError(f"training_function: unknown settings {sorted(unknown)}; known: {sorted(DEFAULTS)}")
+    cfg = {**DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
+    spec = get_recipe(recipe)
+    accelerator = Accelerator()
+    set_seed(cfg["seed"])
+    start = time.time()
+
+    data = get_dataloaders(accelerator, recipe, cfg["batch_size"], cfg["target_batch_size"],
+                           cfg["seed"], cfg["limit"])
+    names = data["source_label_names"]
+    net = Pretrainer(build_config(cfg, names), cfg["projection_dim"])
+    n_params = sum(p.numel() for p in net.model.parameters())
+    optimizer = torch.optim.AdamW(net.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
+    steps = cfg["steps"]
+    warmup = max(1, int(cfg["warmup_fraction"] * steps))
+    # linear warmup then cosine decay to 0: the usual ViT schedule; a short run needs the decay to settle.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / steps))))
+    net, optimizer, scheduler = accelerator.prepare(net, optimizer, scheduler)
+
+    source_iter, target_iter = forever(data["source_train"]), forever(data["target_unlabeled"])
+    net.train()
+    history = []
+    log_every = max(1, steps // 20)
+    for step in range(steps):
+        src = next(source_iter)
+        tgt = next(target_iter)
+        assert "labels" not in tgt  # the target stream's labels never enter training
+        views = torch.cat([augment(tgt["pixel_values"], strong=True), augment(tgt["pixel_values"], strong=True)])
+        losses = net(augment(src["pixel_values"], strong=False), src["labels"], views,
+                     cfg["temperature"], cfg["label_smoothing"])
+        loss = losses["ce"] + cfg["contrastive_weight"] * losses["contrastive"]
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(net.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        if step % log_every == 0 or step == steps - 1:
+            row = {"step": step, **{k: round(v.item(), 4) for k, v in losses.items()},
+                   "seconds": round(time.time() - start, 1)}
+            history.append(row)
+            accelerator.print(json.dumps(row))
+    train_seconds = time.time() - start
+
+    report: dict[str, Any] = {
+        "recipe": spec.to_dict(),
+        "objective": (
+            f"cross-entropy on labelled {spec.source} (mild affine augmentation, label smoothing "
+            f"{cfg['label_smoothing']}) + {cfg['contrastive_weight']} x SimCLR NT-Xent (temperature "
+            f"{cfg['temperature']}) on two strongly augmented views of UNLABELLED {spec.target} training images "
+            "(affine, contrast/brightness, noise, erasing); one shared backbone pass; the target's labels are never read"
+        ),
+        "target_labels_used": False,
+        "steps": steps,
+        "settings": cfg,
+        "num_parameters": n_params,
+        "num_processes": accelerator.num_processes,
+        "torch_threads": torch.get_num_threads(),
+        "train_seconds": round(train_seconds, 1),
+        "loss_history": history,
+    }
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        model = accelerator.unwrap_model(net).model
+        model.save_pretrained(out)
+        processor = ViTImageProcessor(
+            do_resize=True, size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+            do_rescale=True, do_normalize=True, image_mean=[MEAN], image_std=[STD],
+        )
+        processor.save_pretrained(out)
+        report["source_test_accuracy"] = source_accuracy(model, data["source_test_images"],
+                                                         data["source_test_labels"])
+        # Probes read the checkpoint back from disk: what is measured is what was saved.
+        report["target_probe"] = frozen_probe_report(out, spec.target, train_limit=cfg["probe_train_limit"],
+                                                     test_limit=cfg["probe_test_limit"])
+        report["total_seconds"] = round(time.time() - start, 1)
+        Path(out, REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n")
+        accelerator.print(json.dumps({k: report[k] for k in ("train_seconds", "source_test_accuracy")}
+                                     | {k: report["target_probe"][k] for k in
+                                        ("ncm_accuracy", "linear_probe_accuracy")}))
+    accelerator.wait_for_everyone()
+    return report
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", required=True, choices=["vit-mnist-stream", "vit-fashion-stream"])
+    parser.add_argument("--out", required=True, help="output directory (checkpoint + pretrain_report.json)")
+    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"])
+    parser.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"],
+                        help="labelled source images per step (and unlabelled target images, x2 views)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N images per split (smoke tests)")
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    return training_function(args.recipe, args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
+                             target_batch_size=args.batch_size, limit=args.limit,
+                             probe_train_limit=args.limit, probe_test_limit=args.limit)
+
+
+if __name__ == "__main__":
+    main()
