@@ -26,15 +26,19 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import run_bench
-    from .suites import SuiteConfig
+    from .suites import SuiteConfig, suite_runner
 
-    suite = SuiteConfig.load(args.suite)
-    if args.quick:
-        suite = suite.quick_version()
-    methods = args.methods or suite.method_names()
-    results = run_bench(suite, methods, args.seeds, Path(args.out), progress=not args.no_progress)
-    print((Path(args.out) / "results.md").read_text())
-    return 0 if results["methods"] else 1
+    out = Path(args.out)
+    runner = suite_runner(args.suite)
+    if runner is not None:  # suites with their own runner (language-model domains, plasticity)
+        runner(args.suite, methods=args.methods, seeds=args.seeds, quick=args.quick, out=out)
+    else:
+        suite = SuiteConfig.load(args.suite)
+        if args.quick:
+            suite = suite.quick_version()
+        run_bench(suite, args.methods or suite.method_names(), args.seeds, out, progress=not args.no_progress)
+    print((out / "results.md").read_text())
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

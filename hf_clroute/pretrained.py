@@ -192,13 +192,19 @@ def load_images(dataset_name: str, split: str, with_labels: bool = True,
     ``limit`` keeps the first ``limit`` examples (tests).
     """
     from .data.loading import load_labeled_dataset
+    from .data.sources import SOURCES, load_source
 
-    ds = load_labeled_dataset(dataset_name)[split]
+    if with_labels:
+        ds = load_labeled_dataset(dataset_name)[split]  # validated: canonical image/label columns
+    elif dataset_name in SOURCES:
+        ds = load_source(dataset_name)[split].select_columns(["image"])
+    else:
+        raise ValueError(f"load_images: unlabelled loading supports the offline sources "
+                         f"({', '.join(SOURCES)}), not {dataset_name!r}")
     if limit is not None:
         ds = ds.select(range(min(limit, len(ds))))
     labels = torch.tensor(ds["label"], dtype=torch.long) if with_labels else None
-    images = ds.remove_columns([c for c in ds.column_names if c != "image"])
-    arrays = [np.asarray(im.convert("L")) for im in images["image"]]
+    arrays = [np.asarray(im.convert("L")) for im in ds.select_columns(["image"])["image"]]
     return torch.from_numpy(np.stack(arrays)), labels
 
 
@@ -207,8 +213,16 @@ def load_images(dataset_name: str, split: str, with_labels: bool = True,
 
 def _load_vit(model_path: str | os.PathLike) -> tuple[Any, Any]:
     from transformers import AutoImageProcessor, ViTModel
+    from transformers.utils import logging as hf_logging
 
-    model = ViTModel.from_pretrained(str(model_path), add_pooling_layer=False)
+    # A ViTForImageClassification checkpoint loads into ViTModel with its classifier
+    # reported as unexpected; that is intended here (features only), so keep it quiet.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model = ViTModel.from_pretrained(str(model_path), add_pooling_layer=False)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     processor = AutoImageProcessor.from_pretrained(str(model_path))
     return model.eval(), processor
 

@@ -43,9 +43,8 @@ class SuiteConfig:
     test_per_class: int | None = field(default=None, metadata={"help": "Test examples per class (None = all)."})
     max_length: int = field(default=64, metadata={"help": "Token limit for text backbones."})
     training: dict[str, Any] = field(default_factory=dict, metadata={"help": "TrainingConfig fields for every method."})
-    methods: dict[str, dict[str, Any]] = field(
-        default_factory=dict,
-        metadata={"help": "Method name -> {'config': adapter config fields, 'training': TrainingConfig overrides}."},
+    methods: list[str] = field(
+        default_factory=list, metadata={"help": "Methods `hf-clroute bench` runs by default (configs/methods/<name>.json)."}
     )
     quick: dict[str, Any] = field(default_factory=dict, metadata={"help": "Overrides of the fields above for --quick."})
     description: str = field(default="", metadata={"help": "What the suite measures, for tables and model cards."})
@@ -63,12 +62,7 @@ class SuiteConfig:
     @classmethod
     def load(cls, name_or_path: str) -> "SuiteConfig":
         """A built-in suite name (``configs/suites/<name>.json``) or a path to a JSON file."""
-        path = Path(name_or_path)
-        if not path.is_file():
-            path = CONFIG_ROOT / "suites" / f"{name_or_path}.json"
-        if not path.is_file():
-            raise ValueError(f"unknown suite {name_or_path!r}; built-in suites: {builtin_suites()}")
-        data = json.loads(path.read_text())
+        path, data = read_suite_file(name_or_path)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
@@ -82,13 +76,54 @@ class SuiteConfig:
         return list(self.methods)
 
     def adapter_config(self, method: str) -> CLConfig:
-        fields = dict(self.methods.get(method, {}).get("config", {}))
-        config_class = get_method(method).config_class
-        return config_class(scenario=self.scenario, **fields)
+        fields = method_settings(method, self.name)["config"]
+        return get_method(method).config_class(**{"scenario": self.scenario, **fields})
 
     def training_config(self, method: str, seed: int, **overrides: Any) -> TrainingConfig:
-        merged = {**self.training, **self.methods.get(method, {}).get("training", {}), **overrides}
+        merged = {**self.training, **method_settings(method, self.name)["training"], **overrides}
         return TrainingConfig(seed=seed, **merged)
+
+
+def method_settings(method: str, suite: str) -> dict[str, dict[str, Any]]:
+    """A method's adapter-config fields and training overrides for one suite.
+
+    ``configs/methods/<method>.json`` holds ``config`` and ``training`` defaults and
+    per-suite overrides under ``suites``; a method without a file gets its defaults.
+    """
+    path = CONFIG_ROOT / "methods" / f"{method}.json"
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    per_suite = data.get("suites", {}).get(suite, {})
+    return {
+        "config": {**data.get("config", {}), **per_suite.get("config", {})},
+        "training": {**data.get("training", {}), **per_suite.get("training", {})},
+    }
+
+
+def read_suite_file(name_or_path: str) -> tuple[Path, dict[str, Any]]:
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = CONFIG_ROOT / "suites" / f"{name_or_path}.json"
+    if not path.is_file():
+        raise ValueError(f"unknown suite {name_or_path!r}; built-in suites: {builtin_suites()}")
+    try:
+        return path, json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"suite file {path} is not valid JSON: {err}") from err
+
+
+def suite_runner(name_or_path: str) -> Callable | None:
+    """The ``runner`` a suite file names ("package.module:function"), or None for classification.
+
+    Such a runner is called as ``runner(name_or_path, methods=..., seeds=..., quick=..., out=...)``
+    and must write ``out/results.json`` and ``out/results.md``.
+    """
+    import importlib
+
+    _, data = read_suite_file(name_or_path)
+    if "runner" not in data:
+        return None
+    module, _, function = data["runner"].partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def builtin_suites() -> list[str]:

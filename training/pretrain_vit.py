@@ -83,6 +83,7 @@ DEFAULTS: dict[str, Any] = {
     "intermediate_size": 256,
     "patch_size": 7,
     "projection_dim": 64,
+    "projector": "mlp",  # "mlp" (SimCLR's 2-layer head) or "linear"
     "seed": 0,
     "limit": None,  # keep only the first N images of each split (tests)
     "probe_train_limit": None,
@@ -218,11 +219,16 @@ class Pretrainer(nn.Module):
     transfer better than after it).
     """
 
-    def __init__(self, config: ViTConfig, projection_dim: int) -> None:
+    def __init__(self, config: ViTConfig, projection_dim: int, projector: str = "mlp") -> None:
         super().__init__()
         self.model = ViTForImageClassification(config)
         d = config.hidden_size
-        self.projector = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, projection_dim))
+        if projector == "mlp":
+            self.projector = nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, projection_dim))
+        elif projector == "linear":
+            self.projector = nn.Linear(d, projection_dim)
+        else:
+            raise ValueError(f"projector must be 'mlp' or 'linear', got {projector!r}")
 
     def forward(self, source: torch.Tensor, labels: torch.Tensor, views: torch.Tensor,
                 temperature: float, label_smoothing: float) -> dict[str, torch.Tensor]:
@@ -276,7 +282,7 @@ def training_function(recipe: str, out: str, **overrides: Any) -> dict[str, Any]
     data = get_dataloaders(accelerator, recipe, cfg["batch_size"], cfg["target_batch_size"],
                            cfg["seed"], cfg["limit"])
     names = data["source_label_names"]
-    net = Pretrainer(build_config(cfg, names), cfg["projection_dim"])
+    net = Pretrainer(build_config(cfg, names), cfg["projection_dim"], cfg["projector"])
     n_params = sum(p.numel() for p in net.model.parameters())
     optimizer = torch.optim.AdamW(net.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     steps = cfg["steps"]

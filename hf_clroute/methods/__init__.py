@@ -1,5 +1,17 @@
-"""Continual routing methods, one package each (added by their own issues)."""
+"""Continual routing methods, one package each.
+
+Every sub-package registers its config and method with ``register_method`` when
+imported; importing this package imports them all, so a new method needs no
+edit here.
+"""
+
+import importlib
+import pkgutil
 
 from .base import ContinualMethod, StepContext
+
+for _module in pkgutil.iter_modules(__path__):
+    if _module.ispkg:
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["ContinualMethod", "StepContext"]
