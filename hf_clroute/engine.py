@@ -187,7 +187,8 @@ class ContinualTrainer:
         model.method.on_task_start(model, experience, ctx)
 
         trainable = model.trainable_parameters()
-        loader = DataLoader(experience.train_stream(epochs=cfg.epochs), batch_size=cfg.batch_size, collate_fn=self.collator)
+        data = model.method.training_stream(experience, self.stream[: task_id + 1], cfg.epochs)
+        loader = DataLoader(data, batch_size=cfg.batch_size, collate_fn=self.collator)
         if trainable:
             optimizer = self._optimizer(trainable)
             train_model, optimizer, loader = acc.prepare(model, optimizer, loader)

@@ -57,8 +57,11 @@ class CLModel(nn.Module):
             config.base_model_name_or_path = getattr(backbone, "name_or_path", None) or None
         if config.freeze_backbone:
             self.backbone.requires_grad_(False)
-        # Keys that stay on the backbone's own checkpoint and are never saved here.
-        self._backbone_keys = {f"backbone.{k}" for k in self.backbone.state_dict()}
+        # The backbone's own tensors stay on its own checkpoint and are never saved
+        # here unless trained. Tracked by identity, not name, so a method may wrap or
+        # rename modules (PEFT's LoRA moves weights under `base_layer`). Strong
+        # references keep the ids from being reused if a method drops a module.
+        self._original_tensors = [*self.backbone.parameters(), *self.backbone.buffers()]
         self.head = (
             IncrementalClassifier(self.spec.hidden_size(self.backbone))
             if self.spec.modality != "lm" and method.uses_head
@@ -102,13 +105,11 @@ class CLModel(nn.Module):
         }
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every tensor the adapter owns: not the frozen backbone, but all else."""
-        trainable = {name for name, p in self.named_parameters() if p.requires_grad}
-        return {
-            key: tensor
-            for key, tensor in self.state_dict().items()
-            if key not in self._backbone_keys or key in trainable
-        }
+        """Every tensor the adapter owns: all but the frozen, untouched backbone tensors."""
+        original = {id(t) for t in self._original_tensors}
+        keep = {n for n, p in self.named_parameters(remove_duplicate=False) if p.requires_grad or id(p) not in original}
+        keep |= {n for n, b in self.named_buffers(remove_duplicate=False) if id(b) not in original}
+        return {key: tensor for key, tensor in self.state_dict().items() if key in keep}
 
     def extra_state(self) -> dict[str, Any]:
         return {

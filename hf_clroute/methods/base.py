@@ -24,6 +24,7 @@ from ..config import CLConfig
 
 if TYPE_CHECKING:  # pragma: no cover
     from accelerate import Accelerator
+    from datasets import IterableDataset
 
     from ..data.streams import Experience
     from ..model import CLModel
@@ -74,6 +75,17 @@ class ContinualMethod(nn.Module):
     ) -> dict[str, torch.Tensor]:
         """Named auxiliary terms added to the loss (regularisers, distillation, load balance)."""
         return {}
+
+    # ---- data ------------------------------------------------------------------
+    def training_stream(
+        self, experience: "Experience", seen: list["Experience"], epochs: int
+    ) -> "IterableDataset":
+        """The data trained on for ``experience`` (``seen`` = experiences so far, itself last).
+
+        Default: the experience's own stream, read once (online) or ``epochs`` times.
+        An upper-bound baseline may return more (e.g. all data seen so far).
+        """
+        return experience.train_stream(epochs=epochs)
 
     # ---- hooks -----------------------------------------------------------------
     def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
