@@ -72,6 +72,10 @@ class CLModel(nn.Module):
 
     # ---- forward ---------------------------------------------------------------
     def extract_features(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Pooled backbone features; precomputed ``features`` in the batch are used as is
+        (the bench caches them for methods that leave the frozen backbone untouched)."""
+        if "features" in inputs:
+            return inputs["features"]
         outputs = self.backbone(**{k: v for k, v in inputs.items() if k in _MODEL_INPUTS})
         return pooled_features(self.spec, outputs, inputs.get("attention_mask"))
 

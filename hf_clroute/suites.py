@@ -76,8 +76,9 @@ class SuiteConfig:
         return list(self.methods)
 
     def adapter_config(self, method: str) -> CLConfig:
-        fields = method_settings(method, self.name)["config"]
-        return get_method(method).config_class(**{"scenario": self.scenario, **fields})
+        settings = method_settings(method, self.name)
+        config_class = get_method(settings["method"]).config_class
+        return config_class(**{"scenario": self.scenario, **settings["config"]})
 
     def training_config(self, method: str, seed: int, **overrides: Any) -> TrainingConfig:
         merged = {**self.training, **method_settings(method, self.name)["training"], **overrides}
@@ -85,15 +86,18 @@ class SuiteConfig:
 
 
 def method_settings(method: str, suite: str) -> dict[str, dict[str, Any]]:
-    """A method's adapter-config fields and training overrides for one suite.
+    """A method's registered name, adapter-config fields and training overrides for one suite.
 
-    ``configs/methods/<method>.json`` holds ``config`` and ``training`` defaults and
+    ``configs/methods/<name>.json`` holds ``config`` and ``training`` defaults and
     per-suite overrides under ``suites``; a method without a file gets its defaults.
+    A variant (an ablation, say ``mars-no-sgse``) is a file whose ``method`` field
+    names the registered method it configures.
     """
     path = CONFIG_ROOT / "methods" / f"{method}.json"
     data = json.loads(path.read_text()) if path.is_file() else {}
     per_suite = data.get("suites", {}).get(suite, {})
     return {
+        "method": data.get("method", method),
         "config": {**data.get("config", {}), **per_suite.get("config", {})},
         "training": {**data.get("training", {}), **per_suite.get("training", {})},
     }

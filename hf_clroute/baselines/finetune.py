@@ -26,3 +26,4 @@ class Finetune(ContinualMethod):
     """The base class already does it all: backbone (unfrozen) + incremental head + CE."""
 
     config_class = FinetuneConfig
+    supported_modalities = ("image", "text", "lm")

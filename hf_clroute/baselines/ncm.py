@@ -38,6 +38,7 @@ class NCMConfig(CLConfig):
 class NearestClassMean(ContinualMethod):
     config_class = NCMConfig
     uses_head = False
+    reads_frozen_features = True
 
     def __init__(self, config: NCMConfig) -> None:
         super().__init__(config)
