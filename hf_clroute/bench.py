@@ -7,6 +7,7 @@ backbone; the stream for a seed is built once and shared by all methods.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -16,9 +17,11 @@ import numpy as np
 from accelerate import Accelerator
 
 from .engine import ContinualTrainer, StreamResult, make_accelerator
+from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_features
 from .io import atomic_write_text
 from .metrics import aggregate_runs, mean_std, summarize
 from .model import get_cl_model
+from .registry import get_method
 from .suites import SuiteConfig, build_stream, load_suite_backbone
 
 METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
@@ -29,17 +32,26 @@ def run_method(
     method: str,
     seed: int,
     stream: list | None = None,
+    collator: Any = None,
     accelerator: Accelerator | None = None,
     resume_from: str | None = None,
     **training_overrides: Any,
 ) -> tuple[StreamResult, Any]:
-    """Train one method over the suite's stream for one seed; returns (result, model)."""
+    """Train one method over the suite's stream for one seed; returns (result, model).
+
+    ``stream``/``collator`` override the suite's (the bench passes cached features).
+    """
     training = suite.training_config(method, seed, **training_overrides)
     stream = stream if stream is not None else build_stream(suite, seed)
-    backbone, collator = load_suite_backbone(suite)
+    backbone, suite_collator = load_suite_backbone(suite)
     model = get_cl_model(backbone, suite.adapter_config(method))
-    trainer = ContinualTrainer(model, stream, training, collator, accelerator or make_accelerator(training))
+    trainer = ContinualTrainer(model, stream, training, collator or suite_collator, accelerator or make_accelerator(training))
     return trainer.fit(resume_from=resume_from), model
+
+
+def uses_cached_features(suite: SuiteConfig, method: str) -> bool:
+    config = suite.adapter_config(method)
+    return get_method(config.method).method_class.reads_frozen_features and config.freeze_backbone
 
 
 def summarize_result(result: StreamResult) -> dict[str, Any]:
@@ -56,20 +68,32 @@ def summarize_result(result: StreamResult) -> dict[str, Any]:
 def run_bench(suite: SuiteConfig, methods: list[str], seeds: list[int], out: Path, progress: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
+    reference: list[dict[str, float]] = []
+    cached = {m for m in methods if uses_cached_features(suite, m)}
     for seed in seeds:
         stream = build_stream(suite, seed)
+        backbone, collator = load_suite_backbone(suite)
+        reference.append(backbone_throughput(backbone, stream[0], collator, suite.training_config("finetune", seed).batch_size))
+        feature_stream, cache_s = cache_stream_features(backbone, stream, collator) if cached else (None, 0.0)
         for method in methods:
             started = time.perf_counter()
-            result, model = run_method(suite, method, seed, stream=stream, progress=progress)
+            use_cache = method in cached
+            result, _ = run_method(
+                suite, method, seed,
+                stream=feature_stream if use_cache else stream,
+                collator=FeatureCollator() if use_cache else None,
+                progress=progress,
+            )
             row = summarize_result(result)
-            row["wall_s"] = time.perf_counter() - started
+            row["wall_s"] = time.perf_counter() - started + (cache_s if use_cache else 0.0)
             runs[method].append({"seed": seed, **row, "result": result, "params": result.params})
             print(f"[{suite.name}] seed {seed} {method}: A_T={row['A_T']:.3f} F_T={row['F_T']:.3f} ({row['wall_s']:.0f}s)")
     results = {
         "suite": suite.name,
         "seeds": seeds,
-        "config": {k: v for k, v in suite.__dict__.items() if k != "quick"},
-        "methods": {m: aggregate_method(r) for m, r in runs.items()},
+        "config": {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"},
+        "reference": {"bare_backbone": aggregate_runs(reference)},
+        "methods": {m: {**aggregate_method(r), "features_cached": m in cached} for m, r in runs.items()},
     }
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
     atomic_write_text(out / "results.md", results_markdown(results))
@@ -103,7 +127,8 @@ def _fmt(stat: dict[str, float] | None, scale: float = 100.0, digits: int = 1) -
 def results_markdown(results: dict) -> str:
     head = (
         f"# {results['suite']} (seeds {', '.join(map(str, results['seeds']))})\n\n"
-        "Accuracies in %, mean ± std over seeds. Throughput in samples/s (training excludes evaluation).\n\n"
+        "Accuracies in %, mean ± std over seeds. Throughput in samples/s (training excludes evaluation). "
+        "Methods marked * ran on cached frozen features: their throughput excludes the backbone.\n\n"
         "| method | A_T | F_T | Ā | BWT | FWT | A_AUC | trainable % | train/s | infer/s | peak MB |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
@@ -111,7 +136,12 @@ def results_markdown(results: dict) -> str:
     for name, m in results["methods"].items():
         metrics = " | ".join(_fmt(m.get(k)) for k in METRIC_KEYS)
         speed = f"{_fmt(m['train_samples_per_s'], 1, 0)} | {_fmt(m['infer_samples_per_s'], 1, 0)}"
-        rows.append(f"| {name} | {metrics} | {m['trainable_pct']:.2f} | {speed} | {m['peak_mem_mb']:.0f} |")
+        label = f"{name}*" if m.get("features_cached") else name
+        rows.append(f"| {label} | {metrics} | {m['trainable_pct']:.2f} | {speed} | {m['peak_mem_mb']:.0f} |")
+    bare = results.get("reference", {}).get("bare_backbone", {})
+    if bare:
+        speed = f"{_fmt(bare.get('train_samples_per_s'), 1, 0)} | {_fmt(bare.get('infer_samples_per_s'), 1, 0)}"
+        rows.append(f"| *bare backbone (fwd+bwd / fwd)* | | | | | | | 100.00 | {speed} | |")
     return head + "\n".join(rows) + "\n"
 
 

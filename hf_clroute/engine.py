@@ -171,8 +171,15 @@ class ContinualTrainer:
         """Accuracy (or perplexity) on every task's test split, or on tasks <= upto."""
         ctx = self._ctx(task_id)
         self.model.method.before_evaluation(self.model, ctx)
-        last = len(self.stream) - 1 if upto is None else upto
-        return [self._evaluate(j) for j in range(last + 1)]
+        if upto is not None:
+            return [self._evaluate(j) for j in range(upto + 1)]
+        if self.model.config.scenario == "class" and self.model.spec.modality != "lm":
+            # Class-incremental: no method can predict a class it has not met, so a task
+            # beyond the next one scores exactly 0 and is not worth a pass over its data.
+            # (The next task is still evaluated: forward transfer reads R[t][t+1].)
+            upto = min(task_id + 1, len(self.stream) - 1)
+            return [self._evaluate(j) for j in range(upto + 1)] + [0.0] * (len(self.stream) - upto - 1)
+        return [self._evaluate(j) for j in range(len(self.stream))]
 
     # ---- the loop ----------------------------------------------------------------
     def _train_experience(self, task_id: int) -> bool:

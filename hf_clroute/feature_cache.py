@@ -1,0 +1,86 @@
+"""Frozen-feature caching, and the bare backbone's throughput as a reference.
+
+Methods that only read the frozen backbone's pooled features (NCM, MaRS, a QOA
+head) would otherwise run the same frozen forward pass for every method and
+every evaluation. The bench computes each example's features once per seed and
+gives those methods a stream whose batches carry ``features`` instead of pixels
+or tokens; ``CLModel.extract_features`` passes them through. Results say which
+methods ran on cached features (their throughput then excludes the backbone).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable
+
+import torch
+from datasets import Dataset
+from torch import nn
+from torch.utils.data import DataLoader
+
+from .backbones import get_backbone_spec, get_base_model, pooled_features
+from .data.streams import Experience
+
+
+class FeatureCollator:
+    """Batches of cached features: ``{"features": (B, d) float, "labels": (B,)}``."""
+
+    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        return {
+            "features": torch.tensor([e["features"] for e in examples], dtype=torch.float32),
+            "labels": torch.tensor([e["label"] for e in examples], dtype=torch.long),
+        }
+
+
+@torch.no_grad()
+def encode(backbone: nn.Module, dataset: Dataset, collator: Callable, batch_size: int = 256) -> Dataset:
+    """``dataset`` with its inputs replaced by the frozen backbone's pooled features."""
+    base = get_base_model(backbone).eval()
+    spec = get_backbone_spec(base)
+    chunks = []
+    for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collator):
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        chunks.append(pooled_features(spec, base(**inputs), inputs.get("attention_mask")))
+    features = torch.cat(chunks) if chunks else torch.zeros(0)
+    return Dataset.from_dict({"features": features.numpy(), "label": list(dataset["label"])})
+
+
+def cache_stream_features(
+    backbone: nn.Module, stream: list[Experience], collator: Callable
+) -> tuple[list[Experience], float]:
+    """(the stream with features for inputs, seconds spent encoding)."""
+    started = time.perf_counter()
+    cached = [replace(e, train=encode(backbone, e.train, collator), test=encode(backbone, e.test, collator)) for e in stream]
+    return cached, time.perf_counter() - started
+
+
+def backbone_throughput(
+    backbone: nn.Module, experience: Experience, collator: Callable, batch_size: int, steps: int = 20
+) -> dict[str, float]:
+    """Samples/s of the bare backbone: forward+backward at the training batch size, and
+    forward at the same batch size, after 3 warm-up batches. The reference for overheads."""
+    base = get_base_model(backbone)
+    spec = get_backbone_spec(base)
+    loader = DataLoader(experience.train, batch_size=batch_size, collate_fn=collator)
+    batches = [b for _, b in zip(range(steps + 3), loader)]
+    if len(batches) <= 3:
+        return {}
+
+    def run(train: bool) -> float:
+        base.train(train)
+        seen, elapsed = 0, 0.0
+        for i, batch in enumerate(batches):
+            inputs = {k: v for k, v in batch.items() if k != "labels"}
+            start = time.perf_counter()
+            with torch.set_grad_enabled(train):
+                out = pooled_features(spec, base(**inputs), inputs.get("attention_mask"))
+                if train:
+                    out.pow(2).mean().backward()
+            if i >= 3:
+                elapsed += time.perf_counter() - start
+                seen += out.shape[0]
+        base.zero_grad(set_to_none=True)
+        return seen / elapsed if elapsed else 0.0
+
+    return {"train_samples_per_s": run(True), "infer_samples_per_s": run(False)}

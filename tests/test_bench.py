@@ -1,0 +1,87 @@
+"""`hf-clroute bench` end to end on a tiny real suite: results.json shape, markdown, caching."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import ViTImageProcessor, ViTModel
+
+from hf_clroute.backbones import tiny_vit_config
+from hf_clroute.cli import main
+from hf_clroute.suites import SuiteConfig, builtin_suites
+
+METHOD_KEYS = {
+    "A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC", "trainable_params", "trainable_pct",
+    "train_samples_per_s", "infer_samples_per_s", "peak_mem_mb", "accuracy_matrix",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_suite(tmp_path_factory):
+    root = tmp_path_factory.mktemp("suite")
+    torch.manual_seed(0)
+    ViTModel(tiny_vit_config()).save_pretrained(root / "vit")
+    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(root / "vit")
+    suite = {
+        "name": "tiny-mnist",
+        "dataset": "mnist",
+        "backbone": str(root / "vit"),
+        "n_tasks": 2,
+        "max_classes": 4,
+        "train_per_class": 16,
+        "test_per_class": 8,
+        "training": {"batch_size": 8, "eval_every": 2, "learning_rate": 0.001},
+        "methods": ["finetune", "ncm"],
+        "quick": {"train_per_class": 8},
+    }
+    path = root / "tiny.json"
+    path.write_text(json.dumps(suite))
+    return path
+
+
+def test_bench_writes_results_in_the_shared_shape(tiny_suite, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["bench", "--suite", str(tiny_suite), "--seeds", "0,1", "--out", str(out), "--no-progress"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["suite"] == "tiny-mnist" and results["seeds"] == [0, 1]
+    assert set(results["methods"]) == {"finetune", "ncm"}
+    for name, row in results["methods"].items():
+        assert METHOD_KEYS <= set(row), name
+        assert set(row["A_T"]) == {"mean", "std"}
+        assert len(row["accuracy_matrix"]) == 2 and len(row["per_seed"]) == 2
+    assert results["methods"]["ncm"]["features_cached"] and not results["methods"]["finetune"]["features_cached"]
+    assert results["methods"]["ncm"]["trainable_params"] == 0
+    assert results["reference"]["bare_backbone"]["train_samples_per_s"]["mean"] > 0
+    table = (out / "results.md").read_text()
+    assert "| finetune |" in table and "| ncm* |" in table and "bare backbone" in table
+    assert "tiny-mnist" in capsys.readouterr().out
+
+
+def test_cached_features_give_the_same_ncm_result_as_raw_inputs(tiny_suite, tmp_path):
+    from hf_clroute.bench import run_method
+    from hf_clroute.feature_cache import FeatureCollator, cache_stream_features
+    from hf_clroute.suites import build_stream, load_suite_backbone
+
+    suite = SuiteConfig.load(str(tiny_suite))
+    stream = build_stream(suite, seed=0)
+    raw, _ = run_method(suite, "ncm", 0, stream=stream, progress=False)
+    backbone, collator = load_suite_backbone(suite)
+    cached_stream, _ = cache_stream_features(backbone, stream, collator)
+    cached, _ = run_method(suite, "ncm", 0, stream=cached_stream, collator=FeatureCollator(), progress=False)
+    assert sum(cached.accuracy_matrix, []) == pytest.approx(sum(raw.accuracy_matrix, []), abs=1e-6)
+
+
+def test_builtin_suites_load_and_bad_suites_are_named(tmp_path):
+    assert {"split-mnist", "split-fashion", "wordnet"} <= set(builtin_suites())
+    for name in ("split-mnist", "split-fashion", "wordnet"):
+        suite = SuiteConfig.load(name)
+        assert suite.quick_version().train_per_class < suite.train_per_class
+    with pytest.raises(ValueError, match="unknown suite"):
+        SuiteConfig.load("no-such-suite")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "x", "dataset": "mnist", "backbone": "b", "n_taks": 3}))
+    with pytest.raises(ValueError, match="n_taks"):
+        SuiteConfig.load(str(bad))
+    assert main(["bench", "--suite", str(bad), "--out", str(tmp_path / "o")]) == 2
