@@ -104,6 +104,16 @@ class CLConfig:
             raise ValueError(f"{config_file} is not valid JSON (corrupted checkpoint?): {err}") from err
         return cls.from_dict(data)
 
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
+        """Upload ``adapter_config.json`` alone (``CLModel.push_to_hub`` uploads the weights too)."""
+        import tempfile
+
+        from .hub import push_folder
+
+        with tempfile.TemporaryDirectory(prefix="hf_clroute_config_") as tmp:
+            self.save_pretrained(tmp)
+            return push_folder(tmp, repo_id, **kwargs)
+
     @classmethod
     def field_help(cls) -> dict[str, str]:
         """Field name -> help text, for CLI help and docs."""

@@ -55,3 +55,12 @@ def test_push_while_server_down_fails_clearly_and_keeps_local_files(hub_down_end
     with pytest.raises(HubPushError, match="local files are intact"):
         model.push_to_hub(hub_repo_id)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_config_push_and_from_pretrained_by_repo_id(hub_server, hub_repo_id):
+    from hf_clroute import CLConfig
+    from hf_clroute.baselines import NCMConfig
+
+    config = NCMConfig(metric="euclidean")
+    config.push_to_hub(hub_repo_id)
+    assert CLConfig.from_pretrained(hub_repo_id) == config
