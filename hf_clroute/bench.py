@@ -21,10 +21,12 @@ from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_fe
 from .io import atomic_write_text
 from .metrics import aggregate_runs, mean_std, summarize
 from .model import get_cl_model
+from .probes import forgetting_split
 from .registry import get_method
 from .suites import SuiteConfig, build_stream, load_suite_backbone
 
 METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
+PROBE_KEYS = ("shallow_forgetting", "deep_forgetting", "snr_final")
 
 
 def run_method(
@@ -56,13 +58,25 @@ def uses_cached_features(suite: SuiteConfig, method: str) -> bool:
 
 def summarize_result(result: StreamResult) -> dict[str, Any]:
     anytime = [acc for _, acc in result.anytime] or None
-    return {
+    row = {
         **summarize(result.accuracy_matrix, result.untrained_accuracy, anytime),
         "train_samples_per_s": result.train_samples_per_s,
         "infer_samples_per_s": result.infer_samples_per_s,
         "peak_mem_mb": result.peak_mem_mb,
         "wall_s": None,
     }
+    if result.probe_final:
+        diag = [p["probe_accuracy"] for p in result.probe_diag]
+        final = [p["probe_accuracy"] for p in result.probe_final]
+        split = forgetting_split(result.accuracy_matrix, diag, final)
+        row |= {
+            "shallow_forgetting": split["shallow"],
+            "deep_forgetting": split["deep"],
+            "shallow_forgetting_per_task": split["shallow_per_task"],
+            "deep_forgetting_per_task": split["deep_per_task"],
+            "snr_final": sum(p["snr"] for p in result.probe_final) / len(result.probe_final),
+        }
+    return row
 
 
 def run_bench(suite: SuiteConfig, methods: list[str], seeds: list[int], out: Path, progress: bool = True) -> dict:
@@ -83,6 +97,7 @@ def run_bench(suite: SuiteConfig, methods: list[str], seeds: list[int], out: Pat
                 stream=feature_stream if use_cache else stream,
                 collator=FeatureCollator() if use_cache else None,
                 progress=progress,
+                probe_forgetting=True,
             )
             row = summarize_result(result)
             row["wall_s"] = time.perf_counter() - started + (cache_s if use_cache else 0.0)
@@ -101,8 +116,8 @@ def run_bench(suite: SuiteConfig, methods: list[str], seeds: list[int], out: Pat
 
 
 def aggregate_method(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = METRIC_KEYS + ("train_samples_per_s", "infer_samples_per_s", "wall_s")
-    agg = aggregate_runs([{k: r[k] for k in keys} for r in runs])
+    keys = METRIC_KEYS + PROBE_KEYS + ("train_samples_per_s", "infer_samples_per_s", "wall_s")
+    agg = aggregate_runs([{k: r.get(k) for k in keys} for r in runs])
     matrices = np.array([r["result"].accuracy_matrix for r in runs])
     params = runs[0]["params"]
     return {
@@ -112,7 +127,14 @@ def aggregate_method(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "peak_mem_mb": float(max(r["peak_mem_mb"] for r in runs)),
         "accuracy_matrix": matrices.mean(axis=0).round(4).tolist(),
         "per_seed": [
-            {"seed": r["seed"], **{k: r[k] for k in METRIC_KEYS}, "accuracy_matrix": r["result"].accuracy_matrix}
+            {
+                "seed": r["seed"],
+                **{k: r.get(k) for k in METRIC_KEYS + PROBE_KEYS},
+                "shallow_forgetting_per_task": r.get("shallow_forgetting_per_task"),
+                "deep_forgetting_per_task": r.get("deep_forgetting_per_task"),
+                "accuracy_matrix": r["result"].accuracy_matrix,
+                "anytime": r["result"].anytime,
+            }
             for r in runs
         ],
     }
@@ -129,19 +151,20 @@ def results_markdown(results: dict) -> str:
         f"# {results['suite']} (seeds {', '.join(map(str, results['seeds']))})\n\n"
         "Accuracies in %, mean ± std over seeds. Throughput in samples/s (training excludes evaluation). "
         "Methods marked * ran on cached frozen features: their throughput excludes the backbone.\n\n"
-        "| method | A_T | F_T | Ā | BWT | FWT | A_AUC | trainable % | train/s | infer/s | peak MB |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "Shallow/deep F: forgetting of the model's own head vs of a linear probe on its features.\n\n"
+        "| method | A_T | F_T | Ā | BWT | FWT | A_AUC | shallow F | deep F | trainable % | train/s | infer/s | peak MB |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
     for name, m in results["methods"].items():
-        metrics = " | ".join(_fmt(m.get(k)) for k in METRIC_KEYS)
+        metrics = " | ".join(_fmt(m.get(k)) for k in METRIC_KEYS + PROBE_KEYS[:2])
         speed = f"{_fmt(m['train_samples_per_s'], 1, 0)} | {_fmt(m['infer_samples_per_s'], 1, 0)}"
         label = f"{name}*" if m.get("features_cached") else name
         rows.append(f"| {label} | {metrics} | {m['trainable_pct']:.2f} | {speed} | {m['peak_mem_mb']:.0f} |")
     bare = results.get("reference", {}).get("bare_backbone", {})
     if bare:
         speed = f"{_fmt(bare.get('train_samples_per_s'), 1, 0)} | {_fmt(bare.get('infer_samples_per_s'), 1, 0)}"
-        rows.append(f"| *bare backbone (fwd+bwd / fwd)* | | | | | | | 100.00 | {speed} | |")
+        rows.append(f"| *bare backbone (fwd+bwd / fwd)* | | | | | | | | | 100.00 | {speed} | |")
     return head + "\n".join(rows) + "\n"
 
 

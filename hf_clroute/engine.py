@@ -34,8 +34,14 @@ from .evaluation import EvalTimer, evaluate_experience, model_inputs, task_mask_
 from .io import atomic_write_text
 from .methods.base import StepContext
 from .model import CLModel
+from .probes import probe_task
 
 STATE_NAME = "trainer_state.json"
+#: StreamResult fields a checkpoint carries, so a resumed run reports the whole stream.
+RESUMABLE_FIELDS = (
+    "accuracy_matrix", "untrained_accuracy", "anytime", "train_samples", "train_seconds",
+    "global_step", "completed_tasks", "probe_diag",
+)
 
 
 @dataclass
@@ -55,6 +61,10 @@ class TrainingConfig:
     checkpoint_every: int = field(default=0, metadata={"help": "Also checkpoint every N steps (0 = task ends only)."})
     stop_after_steps: int = field(
         default=0, metadata={"help": "Stop (resumably) after this many global steps, for time-limited jobs; 0 = run all."}
+    )
+    probe_forgetting: bool = field(
+        default=False,
+        metadata={"help": "Fit linear probes on each task's features at its end and at the stream's end (deep forgetting)."},
     )
     log_with: str | None = field(default=None, metadata={"help": "Accelerate tracker name (e.g. 'tensorboard')."})
     progress: bool = field(default=True, metadata={"help": "Show progress bars on the main process."})
@@ -92,6 +102,8 @@ class StreamResult:
     finished: bool = False
     peak_mem_mb: float = 0.0
     params: dict[str, float] = field(default_factory=dict)
+    probe_diag: list[dict[str, float]] = field(default_factory=list)  # task j probed right after task j
+    probe_final: list[dict[str, float]] = field(default_factory=list)  # every task probed after the last
 
     @property
     def train_samples_per_s(self) -> float:
@@ -231,6 +243,8 @@ class ContinualTrainer:
         self.result.accuracy_matrix.append(self.evaluate_row(task_id))
         if cfg.log_with:
             acc.log({f"eval/R_{task_id}_{j}": v for j, v in enumerate(self.result.accuracy_matrix[-1])}, step=self.result.global_step)
+        if cfg.probe_forgetting and model.spec.modality != "lm":
+            self._probe(task_id)
         self.result.completed_tasks = task_id + 1
         self._step_in_task = 0
         acc.free_memory()  # drop this task's DDP wrapper/optimizer; the next task may add parameters
@@ -280,6 +294,12 @@ class ContinualTrainer:
         classes = self.stream[task_id].classes if self.model.config.scenario == "task" else None
         return evaluate_experience(self.model, self._test_loaders[task_id], self.accelerator, task_classes=classes, timer=self.timer)
 
+    def _probe(self, task_id: int) -> None:
+        """Linear probes for shallow/deep forgetting (see ``hf_clroute.probes``); not timed."""
+        self.result.probe_diag.append(probe_task(self.model, self.stream[task_id], self.collator))
+        if task_id == len(self.stream) - 1:
+            self.result.probe_final = [probe_task(self.model, e, self.collator) for e in self.stream]
+
     def _anytime_eval(self, task_id: int) -> None:
         row = self.evaluate_row(task_id, upto=task_id)
         self.result.anytime.append([self.result.global_step, sum(row) / len(row)])
@@ -328,9 +348,8 @@ class ContinualTrainer:
         acc.wait_for_everyone()
 
     def _result_state(self) -> dict[str, Any]:
-        r = self.result
-        keys = ("accuracy_matrix", "untrained_accuracy", "anytime", "train_samples", "train_seconds", "global_step", "completed_tasks")
-        return {k: getattr(r, k) for k in keys} | {"eval_samples": self.timer.samples, "eval_seconds": self.timer.seconds}
+        state = {k: getattr(self.result, k) for k in RESUMABLE_FIELDS}
+        return state | {"eval_samples": self.timer.samples, "eval_seconds": self.timer.seconds}
 
     def _resume(self, resume_from: str | Path) -> int:
         path = Path(resume_from)
@@ -345,7 +364,7 @@ class ContinualTrainer:
         tensors, metadata = read_adapter_weights(path / "adapter" / WEIGHTS_NAME)
         self.model.load_extra_state(json.loads(metadata.get("hf_clroute.state", "{}")))
         self.model.load_adapter_state_dict({k: v.to(self.accelerator.device) for k, v in tensors.items()}, source=str(path))
-        for key in ("accuracy_matrix", "untrained_accuracy", "anytime", "train_samples", "train_seconds", "global_step", "completed_tasks"):
+        for key in RESUMABLE_FIELDS:
             setattr(self.result, key, state[key])
         self.timer.samples, self.timer.seconds = state["eval_samples"], state["eval_seconds"]
         self._step_in_task = state["step_in_task"]

@@ -1,7 +1,7 @@
 """Stand-in pretrained ViT backbones, built offline (SPEC sections 6 and 10, issue 3).
 
 No pretrained ViT can be downloaded on these machines, so a small
-``ViTForImageClassification`` (28x28 grayscale, patch 7, ~0.9M parameters) is
+``ViTForImageClassification`` (28x28 grayscale, patch 7, hidden 128, 4 layers, ~0.54M parameters) is
 pretrained in-project by ``training/pretrain_vit.py`` and cached as a normal
 transformers checkpoint (``config.json`` + ``model.safetensors`` +
 ``preprocessor_config.json``) that ``from_pretrained`` loads and that can be
@@ -141,6 +141,8 @@ def pretrained_vit_path(recipe: str, build: bool = True, **train_overrides: Any)
     tmp = Path(tempfile.mkdtemp(prefix=f".{recipe}.building-", dir=final.parent))
     try:
         _train_module().training_function(recipe, str(tmp), **train_overrides)
+        if final.exists() and not _is_complete(final):
+            shutil.rmtree(final)  # debris of an interrupted `--out` run, never a finished checkpoint
         try:
             os.replace(tmp, final)  # atomic on one filesystem; fails if another build won the race
         except OSError:

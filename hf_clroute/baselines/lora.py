@@ -1,0 +1,69 @@
+"""LoRA from PEFT itself, as a continual baseline.
+
+The low-rank adapters are injected into the frozen backbone by
+``peft.inject_adapter_in_model`` (nothing re-implemented here); the targets are
+the backbone family's attention projections (``BackboneSpec.lora_target_modules``,
+with ``fan_in_fan_out`` for GPT-2's Conv1D). PEFT moves each wrapped weight under
+``base_layer`` but keeps the same tensor, and ``CLModel`` tracks the backbone's
+own tensors by identity, so the saved adapter holds only the LoRA matrices and
+the head. One set of adapters is trained across all tasks (no per-task adapters):
+the usual "LoRA fine-tuning" lower-ish bound for parameter-efficient methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+from peft import LoraConfig, inject_adapter_in_model
+
+from ..config import CLConfig
+from ..methods.base import ContinualMethod
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model import CLModel
+
+
+@dataclass
+class LoraBaselineConfig(CLConfig):
+    method = "lora"
+
+    r: int = field(default=8, metadata={"help": "LoRA rank."})
+    lora_alpha: float = field(default=16.0, metadata={"help": "LoRA scaling numerator (scale = lora_alpha / r)."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "Dropout on the LoRA branch input."})
+    target_modules: list[str] | None = field(
+        default=None,
+        metadata={"help": "Module names to adapt; None = the backbone family's attention projections "
+                          "(ViT q_proj/v_proj, BERT query/value, GPT-2 c_attn)."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_positive("r", "lora_alpha")
+        self._check_fraction("lora_dropout")
+        if not self.freeze_backbone:
+            raise ValueError("LoraBaselineConfig.freeze_backbone must be True: LoRA trains adapters on a frozen backbone")
+
+
+class LoraBaseline(ContinualMethod):
+    """PEFT LoRA adapters in the backbone + the shared incremental head."""
+
+    config_class = LoraBaselineConfig
+    supported_modalities = ("image", "text", "lm")
+
+    def attach(self, model: "CLModel") -> None:
+        cfg, spec = self.config, model.spec
+        peft_config = LoraConfig(
+            r=cfg.r,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            target_modules=list(cfg.target_modules or spec.lora_target_modules),
+            fan_in_fan_out=spec.lora_fan_in_fan_out,
+            bias="none",
+        )
+        # LoRA's A matrices start random: seed them so a run does not depend on
+        # whatever the global RNG holds when the model is built.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.head_init_seed)
+            inject_adapter_in_model(peft_config, model.backbone)

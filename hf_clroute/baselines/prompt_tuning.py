@@ -1,0 +1,91 @@
+"""PEFT's prompt tuning on a BERT backbone, as a continual baseline.
+
+``peft.get_peft_model(bert, PromptTuningConfig(task_type="FEATURE_EXTRACTION"))``
+prepends ``num_virtual_tokens`` learned embeddings to the word embeddings of every
+input (and ones to the attention mask); the backbone stays frozen and one prompt
+is trained across all tasks, with the shared incremental head.
+
+Pooling: the backbone's mean pooling is taken over the *real* tokens only; the
+virtual tokens act through attention but are not averaged in. That keeps the
+features on the scale MiniLM was trained to produce and identical in definition
+to every other method's features. PEFT itself drops ``token_type_ids`` under
+prompt tuning (all zeros for single sentences, so nothing is lost here), and the
+real tokens' absolute positions shift by ``num_virtual_tokens``.
+
+PEFT's prompt tuning needs word embeddings, so it cannot run on a ViT (SPEC 10):
+use the ``vpt`` baseline (visual prompt tuning) there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
+import torch
+from peft import PromptTuningConfig, get_peft_model
+
+from ..backbones import pooled_features
+from ..config import CLConfig
+from ..methods.base import ContinualMethod
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model import CLModel
+
+_INITS = ("SAMPLE_VOCAB", "RANDOM")
+
+
+@dataclass
+class PromptTuningBaselineConfig(CLConfig):
+    method = "prompt_tuning"
+
+    num_virtual_tokens: int = field(default=10, metadata={"help": "Learned prompt tokens prepended to every input."})
+    prompt_tuning_init: str = field(
+        default="SAMPLE_VOCAB",
+        metadata={"help": "PEFT PromptTuningInit: 'SAMPLE_VOCAB' (copies of random word embeddings) or 'RANDOM'."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_positive("num_virtual_tokens")
+        if self.prompt_tuning_init not in _INITS:
+            raise ValueError(f"PromptTuningBaselineConfig.prompt_tuning_init must be one of {_INITS}, got {self.prompt_tuning_init!r}")
+        if not self.freeze_backbone:
+            raise ValueError("PromptTuningBaselineConfig.freeze_backbone must be True: prompt tuning trains only the prompt")
+
+
+class PromptTuningBaseline(ContinualMethod):
+    config_class = PromptTuningBaselineConfig
+    supported_modalities = ("text",)
+
+    def attach(self, model: "CLModel") -> None:
+        if model.spec.model_type != "bert":
+            raise ValueError(
+                f"prompt_tuning (PEFT) needs a BERT backbone, not {model.spec.model_type!r}; "
+                "for a ViT use the 'vpt' baseline (visual prompt tuning)"
+            )
+        cfg = self.config
+        peft_config = PromptTuningConfig(
+            task_type="FEATURE_EXTRACTION",
+            num_virtual_tokens=cfg.num_virtual_tokens,
+            prompt_tuning_init=cfg.prompt_tuning_init,
+        )
+        with torch.random.fork_rng(devices=[]):  # a seeded prompt init, independent of the global RNG
+            torch.manual_seed(cfg.head_init_seed)
+            peft_model = get_peft_model(model.backbone, peft_config)
+        # The PeftModel wraps the very backbone CLModel already holds: keep it out of
+        # the module tree (else every backbone tensor would appear twice) and register
+        # only its prompt encoder, the one thing it adds.
+        self.__dict__["_peft_model"] = peft_model
+        self.prompt_encoder = peft_model.prompt_encoder
+
+    def features(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if "features" in inputs:
+            return inputs["features"]
+        mask = inputs.get("attention_mask")
+        if mask is None:
+            mask = torch.ones_like(inputs["input_ids"])
+        outputs = self._peft_model(input_ids=inputs["input_ids"], attention_mask=mask)
+        real_tokens = outputs.last_hidden_state[:, self.config.num_virtual_tokens :]
+        return pooled_features(model.spec, SimpleNamespace(last_hidden_state=real_tokens), mask)
+

@@ -1,0 +1,140 @@
+"""Experience replay (ER) with a reservoir-sampled buffer of a stated size.
+
+Every training example passes through :class:`~hf_clroute.replay_buffer.ReservoirBuffer`
+(model inputs + labels), so the buffer is a uniform sample of everything seen so far.
+Each step trains on the current batch plus an equally large batch drawn from the
+buffer, in one forward pass: the loss is CE(current) + CE(replayed), the
+replayed term reported as the extra loss ``replay``. The buffer is part of the
+adapter (its tensors are buffers), so a saved ER adapter resumes with its memory.
+
+Several processes: the global batch is gathered so every process keeps the same
+buffer (the one a single process would keep), and the replayed global batch is
+drawn with a generator seeded by (seed, step), each process taking its slice;
+1 and N processes therefore follow the same trajectory, as for the plain loop.
+
+Text inputs vary in length, so ``input_ids``/``attention_mask``/``token_type_ids``
+are stored right-padded to ``max_length`` (zeros, masked out) and trimmed back to
+the longest attended length when replayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from ..config import CLConfig
+from ..methods.base import ContinualMethod, StepContext
+from ..replay_buffer import ReservoirBuffer
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..model import CLModel
+
+_SEQUENCE_FIELDS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+@dataclass
+class ERConfig(CLConfig):
+    method = "er"
+
+    freeze_backbone: bool = field(
+        default=False, metadata={"help": "False: train backbone + head as naive fine-tuning does, plus replay."}
+    )
+    buffer_size: int = field(default=500, metadata={"help": "Examples kept in the reservoir buffer (all tasks together)."})
+    replay_weight: float = field(default=1.0, metadata={"help": "Weight of the replayed batch's cross-entropy."})
+    max_length: int = field(default=128, metadata={"help": "Token length text inputs are stored at (longer batches are refused)."})
+    seed: int = field(default=0, metadata={"help": "Seed of the reservoir decisions and of the replay draws."})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_positive("buffer_size", "max_length")
+        if self.replay_weight < 0:
+            raise ValueError(f"ERConfig.replay_weight must be >= 0, got {self.replay_weight!r}")
+
+
+class ExperienceReplay(ContinualMethod):
+    config_class = ERConfig
+    supported_modalities = ("image", "text")
+
+    def __init__(self, config: ERConfig) -> None:
+        super().__init__(config)
+        self.buffer = ReservoirBuffer(config.buffer_size, seed=config.seed)
+        self._step = 0
+        self._process = (0, 1)  # (index, count): which slice of a replayed global batch is ours
+        self._replayed: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    # ---- the replayed half of each training forward ---------------------------------
+    def logits(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        if not self.training or len(self.buffer) == 0:
+            return super().logits(model, inputs)
+        current = next(iter(inputs.values())).shape[0]
+        replay = self._draw(current)
+        labels = replay.pop("labels")
+        joined = _concat_inputs(inputs, replay)
+        logits = super().logits(model, joined)
+        self._replayed = (logits[current:], labels)
+        return logits[:current]
+
+    def _draw(self, local_batch: int) -> dict[str, torch.Tensor]:
+        index, count = self._process
+        generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self._step)
+        sample = self.buffer.sample(local_batch * count, generator=generator)
+        return {k: v[index::count] for k, v in sample.items()}
+
+    def extra_losses(self, model, batch, logits) -> dict[str, torch.Tensor]:
+        if self._replayed is None:
+            return {}
+        replay_logits, labels = self._replayed
+        self._replayed = None
+        return {"replay": self.config.replay_weight * F.cross_entropy(replay_logits, labels.to(replay_logits.device))}
+
+    # ---- filling the buffer ------------------------------------------------------------
+    def on_task_start(self, model, experience, ctx: StepContext) -> None:
+        acc = ctx.accelerator
+        self._process = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
+
+    def after_step(self, model, batch, logits, ctx: StepContext) -> None:
+        self._step = ctx.global_step + 1
+        stored = {k: self._fixed_length(k, v) for k, v in batch.items() if k in _SEQUENCE_FIELDS + ("pixel_values", "labels")}
+        if ctx.accelerator is not None and ctx.accelerator.num_processes > 1:
+            stored = ctx.accelerator.gather_for_metrics(stored)
+        self.buffer.add({k: v.detach().to(self.buffer_device) for k, v in stored.items()})
+
+    @property
+    def buffer_device(self) -> torch.device:
+        stored = list(self.buffer.buffers())
+        return stored[0].device if stored else torch.device("cpu")
+
+    def _fixed_length(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        if name not in _SEQUENCE_FIELDS:
+            return value
+        length = value.shape[1]
+        if length > self.config.max_length:
+            raise ValueError(f"ER: a batch of {length} tokens exceeds ERConfig.max_length={self.config.max_length}")
+        return F.pad(value, (0, self.config.max_length - length))
+
+    # ---- state -------------------------------------------------------------------------
+    def extra_state(self) -> dict[str, Any]:
+        return {"buffer": self.buffer.extra_state(), "step": self._step}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.buffer.load_extra_state(state.get("buffer", {}))
+        self._step = int(state.get("step", 0))
+
+
+def _concat_inputs(current: dict[str, torch.Tensor], replay: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Stack the current and replayed inputs into one batch (text padded to a common length)."""
+    if "attention_mask" in replay:  # trim stored padding, then pad both sides to one length
+        longest = int(replay["attention_mask"].any(dim=0).nonzero().max()) + 1
+        replay = {k: v[:, :longest] if k in _SEQUENCE_FIELDS else v for k, v in replay.items()}
+    joined = {}
+    for name, value in current.items():
+        other = replay[name].to(value.device, value.dtype)
+        if name in _SEQUENCE_FIELDS:
+            length = max(value.shape[1], other.shape[1])
+            value, other = (F.pad(t, (0, length - t.shape[1])) for t in (value, other))
+        joined[name] = torch.cat([value, other])
+    return joined
+

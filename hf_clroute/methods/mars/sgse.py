@@ -1,0 +1,147 @@
+"""SGSE: a sequential test that decides when the slot memory needs a new slot.
+
+The router's top-slot confidence s_t is high for inputs the slots cover and
+drops for novel ones. A fixed threshold on s_t is brittle (its scale drifts as
+the memory trains), so SGSE compares each s_t with a *tracked* level instead:
+
+* q_t is the eps-quantile of the last w confidences (the level a 1 - eps share
+  of them reach) and Q_t = beta Q_{t-1} + (1 - beta) q_t smooths it;
+* each new input is a Bernoulli trial, success = {s_t >= Q_{t-1}} (compared with
+  the level *before* s_t is folded in); on a stationary stream the success rate
+  is about 1 - eps;
+* every n trials (disjoint blocks, so each test sees fresh trials) the
+  one-sided Wilson lower bound of the block's success rate is computed, and a
+  slot is added when it falls below ``threshold``. By default the threshold is
+  derived from ``alpha``: the largest one for which a Binomial(n, 1 - eps) block
+  expands with probability <= alpha, which bounds the false-expansion rate
+  per test on a stationary stream;
+* the new key is the mean query of the recent low-confidence inputs (failures).
+
+After an abrupt drop in confidence, Q_t lags by about 1 / (1 - beta) trials, so
+the block that sees the shift fails en masse: detection within 2n trials.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def wilson_lower_bound(successes: int, trials: int, z: float) -> float:
+    """One-sided Wilson score lower confidence bound of a Bernoulli rate."""
+    if trials <= 0:
+        raise ValueError("wilson_lower_bound needs at least one trial")
+    p = successes / trials
+    z2 = z * z
+    centre = p + z2 / (2 * trials)
+    spread = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials))
+    return max(0.0, (centre - spread) / (1 + z2 / trials))
+
+
+def binomial_cdf(x: int, n: int, p: float) -> float:
+    return sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(x + 1))
+
+
+def threshold_for_alpha(n: int, z: float, success_rate: float, alpha: float) -> tuple[float, float]:
+    """(threshold, exact false-expansion probability) for ``LB < threshold`` tests.
+
+    The Wilson bound increases with the success count, so ``LB(X) < threshold``
+    is ``X <= x*``; pick the largest x* with P(Binomial(n, success_rate) <= x*) <= alpha.
+    """
+    best = None
+    for x in range(n + 1):
+        if binomial_cdf(x, n, success_rate) > alpha:
+            break
+        best = x
+    if best is None:
+        raise ValueError(
+            f"no expansion threshold reaches alpha={alpha} with n={n} trials (even 0 successes in "
+            f"{n} has probability {binomial_cdf(0, n, success_rate):.3g}); raise alpha or n"
+        )
+    threshold = wilson_lower_bound(best + 1, n, z) if best < n else 1.0
+    return threshold, binomial_cdf(best, n, success_rate)
+
+
+class ExpansionTest(nn.Module):
+    """Feed it (confidence, query) per input; it says when to add a slot and with which key.
+
+    All state is either JSON (:meth:`state`) or the ``pool`` buffer (the recent
+    low-confidence queries), so a saved adapter continues the test exactly.
+    """
+
+    def __init__(
+        self,
+        query_dim: int,
+        beta: float = 0.9,
+        window: int = 10,
+        eps: float = 0.1,
+        trials: int = 20,
+        z: float = 1.645,
+        alpha: float = 0.05,
+        threshold: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.beta, self.window, self.eps, self.trials, self.z = beta, window, eps, trials, z
+        derived, self.false_expansion_bound = threshold_for_alpha(trials, z, 1.0 - eps, alpha)
+        self.threshold = derived if threshold is None else threshold
+        # The pool holds the failures of the current block (at most n of them).
+        self.register_buffer("pool", torch.zeros(trials, query_dim))
+        self.reset()
+
+    def reset(self) -> None:
+        self.recent: deque[float] = deque(maxlen=self.window)
+        self.level: float | None = None  # Q_t
+        self.successes = 0
+        self.block = 0
+        self.pool_size = 0
+        self.tests = 0
+        self.expansions = 0
+
+    @property
+    def ready(self) -> bool:
+        """Trials start once the window is full and Q_t has a value."""
+        return self.level is not None
+
+    def observe(self, confidence: float, query: torch.Tensor | None = None) -> torch.Tensor | None:
+        """One input; returns the new slot's key (unit norm) when the test expands, else None."""
+        key = None
+        if self.ready:
+            success = confidence >= self.level
+            self.successes += int(success)
+            self.block += 1
+            if not success and query is not None:
+                self.pool[self.pool_size] = query.detach().to(self.pool)
+                self.pool_size += 1
+            if self.block == self.trials:
+                key = self._test()
+        self.recent.append(float(confidence))
+        if len(self.recent) == self.window:
+            q = torch.tensor(list(self.recent), dtype=torch.float64).quantile(self.eps).item()
+            self.level = q if self.level is None else self.beta * self.level + (1 - self.beta) * q
+        return key
+
+    def _test(self) -> torch.Tensor | None:
+        self.tests += 1
+        expand = wilson_lower_bound(self.successes, self.trials, self.z) < self.threshold
+        key = None
+        if expand and self.pool_size:
+            self.expansions += 1
+            key = nn.functional.normalize(self.pool[: self.pool_size].mean(0), dim=0).clone()
+        self.successes = self.block = self.pool_size = 0
+        return key
+
+    # ---- saving ----------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        keys = ("level", "successes", "block", "pool_size", "tests", "expansions")
+        return {"recent": list(self.recent), **{k: getattr(self, k) for k in keys}}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.reset()
+        self.recent.extend(state.get("recent", []))
+        for key in ("level", "successes", "block", "pool_size", "tests", "expansions"):
+            if key in state:
+                setattr(self, key, state[key])

@@ -1,0 +1,10 @@
+"""QOA: query-only attention over a replay buffer (SPEC section 5)."""
+
+from ...registry import register_method
+from .config import QoaConfig
+from .head import QoaLearner, QueryOnlyAttention
+from .method import Qoa
+
+register_method(QoaConfig, Qoa)
+
+__all__ = ["Qoa", "QoaConfig", "QoaLearner", "QueryOnlyAttention"]

@@ -1,0 +1,129 @@
+"""``RwfConfig``: Routing without Forgetting (SPEC section 5, RwF).
+
+What is trained, and why that is ~2% of a ViT-B/16
+---------------------------------------------------
+Each routed block gets one Hopfield router (``hopfield.HopfieldRouter``) that
+pools the block's L input tokens Z into m prompts P = softmax(beta Q K^T) V,
+with K = Z W_K and V = Z W_V. W_K and W_V are frozen buffers: never trained.
+Only the *query side* Q is trained:
+
+* ``query_mode="projected"`` (default): Q = S W_Q^T + b_Q, with m learned base
+  queries S (m x d) and one trainable d x d query projection (W_Q, b_Q) per
+  routed layer. On ViT-B/16 (d = 768, 85.8M backbone parameters) 3 routed
+  layers train 3 * (768^2 + 768 + m * 768) = 1.79M (m = 8) parameters, 2.09%,
+  plus the classifier head (e.g. 100 classes: 77k, 0.09%): the paper's 2.13%.
+* ``query_mode="static"``: Q itself (m x d) is learned directly: 3 * m * d =
+  18k parameters on ViT-B/16 (0.02%): the lightest variant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from ...config import CLConfig
+
+
+@dataclass
+class RwfConfig(CLConfig):
+    method: ClassVar[str] = "rwf"
+
+    num_prompts: int = field(
+        default=8,
+        metadata={"help": "m: prompts pooled per routed block (per chunk for a causal LM) and appended to its tokens."},
+    )
+    beta: float | None = field(
+        default=None,
+        metadata={"help": "Inverse temperature of the routing softmax; None = 1/sqrt(hidden size), as in attention."},
+    )
+    routed_layers: list[int] | None = field(
+        default=None,
+        metadata={"help": "0-based indices of the routed blocks; None = the first 3 (all, if the backbone has fewer)."},
+    )
+    query_mode: str = field(
+        default="projected",
+        metadata={
+            "help": "'projected': Q = S W_Q^T + b with learned base queries S (m x d) and a trainable d x d "
+            "projection per layer (~2% of ViT-B/16); 'static': Q (m x d) learned directly (~0.02%)."
+        },
+    )
+    query_init_std: float = field(
+        default=1.0,
+        metadata={
+            "help": "Std of the initial queries (S, or Q when static). 1.0 gives queries of norm ~sqrt(d), like "
+            "layer-normed tokens, so the initial routing logits beta <q, k> have unit scale."
+        },
+    )
+    query_projection_init: str = field(
+        default="identity",
+        metadata={
+            "help": "Initial W_Q in projected mode: 'identity' (queries start as the base queries) or 'zeros' "
+            "(every prompt starts as the mean token)."
+        },
+    )
+    key_init: str = field(
+        default="identity",
+        metadata={"help": "Frozen W_K: 'identity' (route in the block's own token space) or 'orthogonal' (seeded)."},
+    )
+    value_init: str = field(
+        default="identity",
+        metadata={
+            "help": "Frozen W_V: 'identity' (prompts are convex mixtures of the block's tokens, inputs the frozen "
+            "attention already understands) or 'orthogonal' (seeded)."
+        },
+    )
+    causal_chunk_size: int = field(
+        default=16,
+        metadata={
+            "help": "Causal LMs only: positions are grouped in chunks of this many tokens; the m prompts of a chunk "
+            "pool the tokens up to the chunk's first position, so no position sees a later token. 1 = exact "
+            "per-position prompts (L*m extra rows: costly for long contexts)."
+        },
+    )
+    init_seed: int = field(
+        default=0,
+        metadata={"help": "Seed of the router initialisation (queries, orthogonal W_K/W_V), independent of the global RNG."},
+    )
+
+    QUERY_MODES: ClassVar[tuple[str, ...]] = ("projected", "static")
+    PROJECTION_INITS: ClassVar[tuple[str, ...]] = ("identity", "zeros")
+    MATRIX_INITS: ClassVar[tuple[str, ...]] = ("identity", "orthogonal")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.freeze_backbone:
+            raise ValueError("RwfConfig.freeze_backbone must be True: RwF trains only the query side and the head")
+        for name in ("num_prompts", "causal_chunk_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"RwfConfig.{name} must be a positive integer, got {value!r}")
+        if self.beta is not None:
+            self._check_positive("beta")
+        self._check_positive("query_init_std")
+        if self.routed_layers is not None:
+            layers = self.routed_layers
+            if (
+                not isinstance(layers, list)
+                or not layers
+                or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in layers)
+                or len(set(layers)) != len(layers)
+            ):
+                raise ValueError(f"RwfConfig.routed_layers must be a non-empty list of distinct indices >= 0, got {layers!r}")
+        choices = {
+            "query_mode": self.QUERY_MODES,
+            "query_projection_init": self.PROJECTION_INITS,
+            "key_init": self.MATRIX_INITS,
+            "value_init": self.MATRIX_INITS,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"RwfConfig.{name} must be one of {allowed}, got {getattr(self, name)!r}")
+
+    def resolve_layers(self, num_blocks: int) -> list[int]:
+        """The routed block indices for a backbone with ``num_blocks`` blocks."""
+        if self.routed_layers is None:
+            return list(range(min(3, num_blocks)))
+        bad = [i for i in self.routed_layers if i >= num_blocks]
+        if bad:
+            raise ValueError(f"RwfConfig.routed_layers {bad} out of range: the backbone has {num_blocks} blocks")
+        return sorted(self.routed_layers)
