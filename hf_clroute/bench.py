@@ -21,6 +21,7 @@ from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_fe
 from .io import atomic_write_text
 from .metrics import aggregate_runs, mean_std, summarize
 from .model import get_cl_model
+from .plots import write_plots
 from .probes import forgetting_split
 from .registry import get_method
 from .suites import SuiteConfig, build_stream, load_suite_backbone
@@ -46,7 +47,11 @@ def run_method(
     training = suite.training_config(method, seed, **training_overrides)
     stream = stream if stream is not None else build_stream(suite, seed)
     backbone, suite_collator = load_suite_backbone(suite)
-    model = get_cl_model(backbone, suite.adapter_config(method))
+    config = suite.adapter_config(method)
+    # Record the suite's backbone id ("pretrained-vit:<recipe>", "minilm", a Hub id), which
+    # anyone can resolve, rather than the local path it was loaded from.
+    config.base_model_name_or_path = suite.backbone
+    model = get_cl_model(backbone, config)
     trainer = ContinualTrainer(model, stream, training, collator or suite_collator, accelerator or make_accelerator(training))
     return trainer.fit(resume_from=resume_from), model
 
@@ -79,7 +84,9 @@ def summarize_result(result: StreamResult) -> dict[str, Any]:
     return row
 
 
-def run_bench(suite: SuiteConfig, methods: list[str], seeds: list[int], out: Path, progress: bool = True) -> dict:
+def run_bench(
+    suite: SuiteConfig, methods: list[str], seeds: list[int], out: Path, progress: bool = True, command: str | None = None
+) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     reference: list[dict[str, float]] = []
@@ -92,7 +99,7 @@ def run_bench(suite: SuiteConfig, methods: list[str], seeds: list[int], out: Pat
         for method in methods:
             started = time.perf_counter()
             use_cache = method in cached
-            result, _ = run_method(
+            result, model = run_method(
                 suite, method, seed,
                 stream=feature_stream if use_cache else stream,
                 collator=FeatureCollator() if use_cache else None,
@@ -101,17 +108,21 @@ def run_bench(suite: SuiteConfig, methods: list[str], seeds: list[int], out: Pat
             )
             row = summarize_result(result)
             row["wall_s"] = time.perf_counter() - started + (cache_s if use_cache else 0.0)
-            runs[method].append({"seed": seed, **row, "result": result, "params": result.params})
+            runs[method].append({"seed": seed, **row, "result": result, "params": result.params, "curves": model.method.curves()})
+            if seed == seeds[0]:  # one adapter per method, for `hf-clroute push`
+                model.save_pretrained(out / "adapters" / method)
             print(f"[{suite.name}] seed {seed} {method}: A_T={row['A_T']:.3f} F_T={row['F_T']:.3f} ({row['wall_s']:.0f}s)")
     results = {
         "suite": suite.name,
         "seeds": seeds,
+        "command": command,
         "config": {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"},
         "reference": {"bare_backbone": aggregate_runs(reference)},
         "methods": {m: {**aggregate_method(r), "features_cached": m in cached} for m, r in runs.items()},
     }
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
     atomic_write_text(out / "results.md", results_markdown(results))
+    write_plots(results, out / "plots")
     return results
 
 
@@ -122,6 +133,7 @@ def aggregate_method(runs: list[dict[str, Any]]) -> dict[str, Any]:
     params = runs[0]["params"]
     return {
         **{k: agg.get(k) for k in keys},
+        "curves": runs[0]["curves"],
         "trainable_params": int(params["trainable_params"]),
         "trainable_pct": float(params["trainable_pct"]),
         "peak_mem_mb": float(max(r["peak_mem_mb"] for r in runs)),

@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .hub import HubPushError
+
 
 def _csv(kind):
     return lambda text: [kind(x) for x in text.split(",") if x.strip()]
@@ -36,7 +38,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         suite = SuiteConfig.load(args.suite)
         if args.quick:
             suite = suite.quick_version()
-        run_bench(suite, args.methods or suite.method_names(), args.seeds, out, progress=not args.no_progress)
+        methods = args.methods or suite.method_names()
+        command = (
+            f"hf-clroute bench --suite {args.suite} --methods {','.join(methods)} "
+            f"--seeds {','.join(map(str, args.seeds))}{' --quick' if args.quick else ''} --out {args.out}"
+        )
+        run_bench(suite, methods, args.seeds, out, progress=not args.no_progress, command=command)
     print((out / "results.md").read_text())
     return 0
 
@@ -44,6 +51,47 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     args.suite, args.quick, args.methods, args.seeds = "split-mnist", True, ["finetune", "ncm"], [0]
     return cmd_bench(args)
+
+
+def cmd_push(args: argparse.Namespace) -> int:
+    from .hub import push_run
+
+    url = push_run(args.run_dir, args.repo_id, method=args.method, private=args.private)
+    print(f"pushed {args.run_dir} ({args.method or 'its adapter'}) to {args.repo_id}: {url}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    """Load an adapter (local dir or Hub repo id) and score it on every task of a suite."""
+    from .engine import TrainingConfig, make_accelerator
+    from .evaluation import evaluate_experience, test_loader
+    from .methods.base import StepContext
+    from .model import CLModel
+    from .suites import SuiteConfig, build_stream, load_suite_backbone
+
+    suite = SuiteConfig.load(args.suite)
+    suite = suite.quick_version() if args.quick else suite
+    backbone, collator = load_suite_backbone(suite)
+    model = CLModel.from_pretrained(backbone, args.adapter)
+    accelerator = make_accelerator(TrainingConfig())
+    model.to(accelerator.device)
+    model.method.before_evaluation(model, StepContext(accelerator, task_id=0))
+    scores = []
+    for experience in build_stream(suite, args.seed):
+        loader = test_loader(experience, collator, 256, accelerator)
+        classes = experience.classes if model.config.scenario == "task" else None
+        scores.append(evaluate_experience(model, loader, accelerator, task_classes=classes))
+        print(f"{experience.name}: accuracy {scores[-1] * 100:.2f}%")
+    print(f"average over {len(scores)} tasks (A_T): {100 * sum(scores) / len(scores):.2f}%")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_benchmarks
+
+    path = write_benchmarks(Path(args.results), Path(args.out))
+    print(f"wrote {path}")
+    return 0
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
@@ -79,6 +127,25 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--no-progress", action="store_true")
     demo.set_defaults(func=cmd_demo)
 
+    push = sub.add_parser("push", help="push a bench run's adapter with its model card and plots")
+    push.add_argument("run_dir", help="an `hf-clroute bench --out` directory")
+    push.add_argument("--repo-id", required=True)
+    push.add_argument("--method", default=None, help="which adapter of the run (needed if it holds several)")
+    push.add_argument("--private", action="store_true")
+    push.set_defaults(func=cmd_push)
+
+    evaluate = sub.add_parser("evaluate", help="score a saved or pushed adapter on every task of a suite")
+    evaluate.add_argument("--adapter", required=True, help="adapter directory or Hub repo id")
+    evaluate.add_argument("--suite", required=True)
+    evaluate.add_argument("--seed", type=int, default=0, help="stream seed (class order) the adapter was trained with")
+    evaluate.add_argument("--quick", action="store_true")
+    evaluate.set_defaults(func=cmd_evaluate)
+
+    report = sub.add_parser("report", help="regenerate BENCHMARKS.md from committed results")
+    report.add_argument("--results", default="results")
+    report.add_argument("--out", default="BENCHMARKS.md")
+    report.set_defaults(func=cmd_report)
+
     methods = sub.add_parser("methods", help="list registered methods and baselines")
     methods.set_defaults(func=cmd_methods)
     return parser
@@ -88,9 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as err:  # configuration and data errors: one clear line, no traceback
+    except (ValueError, FileNotFoundError) as err:  # configuration/data errors: one clear line, no traceback
         print(f"hf-clroute: error: {err}", file=sys.stderr)
         return 2
+    except HubPushError as err:
+        print(f"hf-clroute: error: {err}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Hub-related test environment and fixtures (the local Hub server).
+"""Test environment and shared fixtures: the local Hub server and a tiny real benchmark suite.
 
 The environment block below runs at import time, before any test module imports
 transformers/datasets/peft/huggingface_hub, because huggingface_hub reads
@@ -93,3 +93,34 @@ def hub_down_endpoint(hub_server: HubServer, monkeypatch: pytest.MonkeyPatch) ->
         yield hub_server.url
     finally:
         hub_server.start()
+
+
+@pytest.fixture(scope="session")
+def tiny_suite(tmp_path_factory: pytest.TempPathFactory):
+    """A suite file over real MNIST (4 classes, 2 tasks, a few examples) on a tiny ViT."""
+    import json
+
+    import torch
+    from transformers import ViTImageProcessor, ViTModel
+
+    from hf_clroute.backbones import tiny_vit_config
+
+    root = tmp_path_factory.mktemp("suite")
+    torch.manual_seed(0)
+    ViTModel(tiny_vit_config()).save_pretrained(root / "vit")
+    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(root / "vit")
+    suite = {
+        "name": "tiny-mnist",
+        "dataset": "mnist",
+        "backbone": str(root / "vit"),
+        "n_tasks": 2,
+        "max_classes": 4,
+        "train_per_class": 16,
+        "test_per_class": 8,
+        "training": {"batch_size": 8, "eval_every": 2, "learning_rate": 0.001},
+        "methods": ["finetune", "ncm"],
+        "quick": {"train_per_class": 8},
+    }
+    path = root / "tiny.json"
+    path.write_text(json.dumps(suite))
+    return path

@@ -5,10 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-from transformers import ViTImageProcessor, ViTModel
-
-from hf_clroute.backbones import tiny_vit_config
 from hf_clroute.cli import main
 from hf_clroute.suites import SuiteConfig, builtin_suites
 
@@ -16,29 +12,6 @@ METHOD_KEYS = {
     "A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC", "trainable_params", "trainable_pct",
     "train_samples_per_s", "infer_samples_per_s", "peak_mem_mb", "accuracy_matrix",
 }
-
-
-@pytest.fixture(scope="module")
-def tiny_suite(tmp_path_factory):
-    root = tmp_path_factory.mktemp("suite")
-    torch.manual_seed(0)
-    ViTModel(tiny_vit_config()).save_pretrained(root / "vit")
-    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(root / "vit")
-    suite = {
-        "name": "tiny-mnist",
-        "dataset": "mnist",
-        "backbone": str(root / "vit"),
-        "n_tasks": 2,
-        "max_classes": 4,
-        "train_per_class": 16,
-        "test_per_class": 8,
-        "training": {"batch_size": 8, "eval_every": 2, "learning_rate": 0.001},
-        "methods": ["finetune", "ncm"],
-        "quick": {"train_per_class": 8},
-    }
-    path = root / "tiny.json"
-    path.write_text(json.dumps(suite))
-    return path
 
 
 def test_bench_writes_results_in_the_shared_shape(tiny_suite, tmp_path, capsys):

@@ -65,6 +65,7 @@ def test_tiny_build_is_a_loadable_checkpoint(tmp_cache: Path):
         assert key in report, key
     assert report["steps"] == 20 and report["target_labels_used"] is False
     assert report["recipe"]["target"] == "mnist"
+    assert "vit-mnist-stream" in (Path(path) / "README.md").read_text()  # Hub-ready model card
     probe = report["target_probe"]
     assert probe["dataset"] == "mnist" and probe["n_test"] == 128
     assert 0.0 <= probe["ncm_accuracy"] <= 1.0 and 0.0 <= probe["linear_probe_accuracy"] <= 1.0

@@ -105,6 +105,13 @@ class ContinualMethod(nn.Module):
     def on_task_end(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
         """Called after the last batch of an experience."""
 
+    def curves(self) -> dict[str, list[list[float]]]:
+        """Method-specific series over the stream for plots, ``{name: [[step, value], ...]}``.
+
+        Default: any ``*_history`` entry of :meth:`extra_state` (e.g. a slot count).
+        """
+        return {k: v for k, v in self.extra_state().items() if k.endswith("_history")}
+
     # ---- state that is not a tensor ---------------------------------------------
     def extra_state(self) -> dict[str, Any]:
         """JSON-serialisable state saved with the adapter (counters, sizes of grown modules)."""

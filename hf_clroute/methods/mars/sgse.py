@@ -88,6 +88,10 @@ class ExpansionTest(nn.Module):
         self.beta, self.window, self.eps, self.trials, self.z = beta, window, eps, trials, z
         derived, self.false_expansion_bound = threshold_for_alpha(trials, z, 1.0 - eps, alpha)
         self.threshold = derived if threshold is None else threshold
+        # q_t is the k-th smallest of the last w confidences with k = ceil(eps (w + 1)): a new
+        # draw from the same distribution reaches it with probability 1 - k / (w + 1) ~ 1 - eps
+        # for any continuous distribution (an interpolated quantile of 10 values is biased up).
+        self.rank = min(window, max(1, math.floor(eps * (window + 1)))) - 1
         # The pool holds the failures of the current block (at most n of them).
         self.register_buffer("pool", torch.zeros(trials, query_dim))
         self.reset()
@@ -100,15 +104,17 @@ class ExpansionTest(nn.Module):
         self.pool_size = 0
         self.tests = 0
         self.expansions = 0
+        self.new_key: torch.Tensor | None = None
 
     @property
     def ready(self) -> bool:
         """Trials start once the window is full and Q_t has a value."""
         return self.level is not None
 
-    def observe(self, confidence: float, query: torch.Tensor | None = None) -> torch.Tensor | None:
-        """One input; returns the new slot's key (unit norm) when the test expands, else None."""
-        key = None
+    def observe(self, confidence: float, query: torch.Tensor | None = None) -> bool:
+        """One input (its top-slot confidence and router query); True when a slot should be added,
+        with its key (unit norm, None if no query was given) in :attr:`new_key`."""
+        expand = False
         if self.ready:
             success = confidence >= self.level
             self.successes += int(success)
@@ -117,22 +123,23 @@ class ExpansionTest(nn.Module):
                 self.pool[self.pool_size] = query.detach().to(self.pool)
                 self.pool_size += 1
             if self.block == self.trials:
-                key = self._test()
+                expand = self._test()
         self.recent.append(float(confidence))
         if len(self.recent) == self.window:
-            q = torch.tensor(list(self.recent), dtype=torch.float64).quantile(self.eps).item()
+            q = sorted(self.recent)[self.rank]
             self.level = q if self.level is None else self.beta * self.level + (1 - self.beta) * q
-        return key
+        return expand
 
-    def _test(self) -> torch.Tensor | None:
+    def _test(self) -> bool:
         self.tests += 1
         expand = wilson_lower_bound(self.successes, self.trials, self.z) < self.threshold
-        key = None
-        if expand and self.pool_size:
+        self.new_key = None
+        if expand:
             self.expansions += 1
-            key = nn.functional.normalize(self.pool[: self.pool_size].mean(0), dim=0).clone()
+            if self.pool_size:
+                self.new_key = nn.functional.normalize(self.pool[: self.pool_size].mean(0), dim=0).clone()
         self.successes = self.block = self.pool_size = 0
-        return key
+        return expand
 
     # ---- saving ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -1,0 +1,89 @@
+"""Model cards for pushed adapters, from ``model_cards/adapter_card.md``.
+
+Evaluation results go into the card's ``model-index`` metadata through
+``huggingface_hub.ModelCardData`` / ``EvalResult``, so the Hub (and
+``huggingface_hub.metadata_load``) reads them as structured results.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "adapter_card.md"
+
+#: results.json key -> (model-index metric type, readable name)
+CARD_METRICS = {
+    "A_T": ("accuracy", "final average accuracy A_T"),
+    "A_bar": ("accuracy", "average incremental accuracy"),
+    "F_T": ("forgetting", "forgetting F_T"),
+    "BWT": ("backward_transfer", "backward transfer BWT"),
+    "FWT": ("forward_transfer", "forward transfer FWT"),
+    "A_AUC": ("accuracy", "anytime accuracy A_AUC"),
+    "shallow_forgetting": ("forgetting", "shallow forgetting (own head)"),
+    "deep_forgetting": ("forgetting", "deep forgetting (linear probe)"),
+}
+LIMITATIONS = (
+    "Measured at small scale on CPU with the suite's stated sizes; a different backbone, stream "
+    "length or data size can change the ranking of methods. Continual-learning results depend on "
+    "the class order: the table reports the spread over seeds, each with its own order."
+)
+
+
+def _is_hub_id(name: str | None) -> bool:
+    return bool(name) and "/" in name and ":" not in name and not Path(name).exists()
+
+
+def build_card(results: dict[str, Any], method: str, repo_id: str, adapter_config: dict[str, Any], plots: list[str]) -> ModelCard:
+    row = results["methods"][method]
+    config = results["config"]
+    base_model = adapter_config.get("base_model_name_or_path") or config.get("backbone", "")
+    modality = "image-classification" if "vit" in str(config.get("backbone", "")) else "text-classification"
+    eval_results = [
+        EvalResult(
+            task_type=modality,
+            task_name=f"continual learning ({config.get('scenario', 'class')}-incremental)",
+            dataset_type=str(config.get("dataset")),
+            dataset_name=results["suite"],
+            metric_type=metric_type,
+            metric_name=label,
+            metric_value=round(row[key]["mean"], 4),
+        )
+        for key, (metric_type, label) in CARD_METRICS.items()
+        if row.get(key)
+    ]
+    card_data = ModelCardData(
+        model_name=repo_id,
+        library_name="hf_clroute",
+        tags=["continual-learning", "hf_clroute", method, results["suite"]],
+        base_model=base_model if _is_hub_id(base_model) else None,
+        eval_results=eval_results,
+    )
+    metrics = [(label, f"{row[k]['mean'] * 100:.2f} ± {row[k]['std'] * 100:.2f}") for k, (_, label) in CARD_METRICS.items() if row.get(k)]
+    training = dict(config.get("training", {}))
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(TEMPLATE),
+        model_name=repo_id,
+        repo_id=repo_id,
+        method=method,
+        method_description=results.get("method_descriptions", {}).get(method, ""),
+        base_model=base_model,
+        suite=results["suite"],
+        suite_description=config.get("description", ""),
+        n_tasks=config.get("n_tasks"),
+        scenario=config.get("scenario", "class"),
+        mode="online" if training.get("epochs", 1) == 1 else f"offline ({training['epochs']} epochs per task)",
+        seeds=", ".join(map(str, results["seeds"])),
+        adapter_seed=results["seeds"][0],
+        training=json.dumps(training, sort_keys=True),
+        adapter_config=json.dumps(adapter_config, sort_keys=True),
+        trainable_params=row.get("trainable_params"),
+        trainable_pct=f"{row.get('trainable_pct', 0):.2f}",
+        metrics=metrics,
+        plots=plots,
+        limitations=LIMITATIONS,
+    )

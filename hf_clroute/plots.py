@@ -1,0 +1,122 @@
+"""PNG plots of a bench run, written next to results.json and embedded in model cards.
+
+All plots read only ``results.json`` (so they can be redrawn from committed
+results) and use matplotlib's Agg backend (no display on these machines).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def accuracy_heatmap(name: str, matrix: list[list[float]], path: Path) -> Path:
+    """R[t][j]: rows = after training task t, columns = task j's test split."""
+    R = np.asarray(matrix) * 100
+    fig, ax = plt.subplots(figsize=(0.6 * len(R) + 2.5, 0.5 * len(R) + 2))
+    im = ax.imshow(R, vmin=0, vmax=100, cmap="viridis")
+    for (t, j), value in np.ndenumerate(R):
+        ax.text(j, t, f"{value:.0f}", ha="center", va="center", color="white" if value < 60 else "black", fontsize=8)
+    ax.set(xlabel="evaluated on task j", ylabel="after training task t", title=f"{name}: accuracy matrix (%)")
+    ax.set_xticks(range(len(R)))
+    ax.set_yticks(range(len(R)))
+    fig.colorbar(im, ax=ax, fraction=0.046)
+    return _save(fig, path)
+
+
+def _lines(results: dict[str, Any], ylabel: str, title: str, path: Path, series) -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for method, row in results["methods"].items():
+        xs, ys = series(row)
+        if len(xs):
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=method)
+    ax.set(xlabel=ylabel[0], ylabel=ylabel[1], title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def average_accuracy_curve(results: dict[str, Any], path: Path) -> Path:
+    """A_t = mean over j <= t of R[t][j], for every method on one axis."""
+    def series(row):
+        R = np.asarray(row["accuracy_matrix"]) * 100
+        return np.arange(1, len(R) + 1), [R[t, : t + 1].mean() for t in range(len(R))]
+
+    return _lines(results, ("tasks learned", "average accuracy on seen tasks (%)"), f"{results['suite']}: A_t over the stream", path, series)
+
+
+def forgetting_per_task(results: dict[str, Any], path: Path) -> Path:
+    """max_l R[l][j] - R[T][j] for each task j < T (mean over seeds)."""
+    def series(row):
+        R = np.asarray(row["accuracy_matrix"]) * 100
+        T = len(R)
+        return np.arange(T - 1), [R[j : T - 1, j].max() - R[T - 1, j] for j in range(T - 1)]
+
+    return _lines(results, ("task j", "forgetting (points)"), f"{results['suite']}: forgetting per task", path, series)
+
+
+def anytime_curve(results: dict[str, Any], path: Path) -> Path:
+    """Accuracy on seen tasks every N steps (the first seed's run)."""
+    def series(row):
+        points = row["per_seed"][0].get("anytime") or []
+        return [p[0] for p in points], [p[1] * 100 for p in points]
+
+    return _lines(results, ("training step", "accuracy on seen tasks (%)"), f"{results['suite']}: anytime accuracy", path, series)
+
+
+def shallow_vs_deep(results: dict[str, Any], path: Path) -> Path | None:
+    rows = {m: r for m, r in results["methods"].items() if r.get("shallow_forgetting")}
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    x = np.arange(len(rows))
+    shallow = [r["shallow_forgetting"]["mean"] * 100 for r in rows.values()]
+    deep = [r["deep_forgetting"]["mean"] * 100 for r in rows.values()]
+    ax.bar(x - 0.2, shallow, 0.4, label="shallow (own head)")
+    ax.bar(x + 0.2, deep, 0.4, label="deep (linear probe)")
+    ax.set_xticks(x, list(rows), rotation=30, ha="right")
+    ax.set(ylabel="forgetting (points)", title=f"{results['suite']}: shallow vs deep forgetting")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def method_curves(results: dict[str, Any], path: Path) -> Path | None:
+    """Method-specific series a method exposes under ``curves`` (e.g. MaRS slot count)."""
+    series = [(m, k, v) for m, r in results["methods"].items() for k, v in (r.get("curves") or {}).items() if v]
+    if not series:
+        return None
+    fig, axes = plt.subplots(len(series), 1, figsize=(6.5, 2.6 * len(series)), squeeze=False)
+    for ax, (method, key, points) in zip(axes[:, 0], series):
+        pts = np.asarray(points, dtype=float)
+        ax.plot(pts[:, 0], pts[:, 1])
+        ax.set(title=f"{method}: {key}", xlabel="step")
+        ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
+    """Every plot of a bench run, as PNG files in ``out``; returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [
+        average_accuracy_curve(results, out / "average_accuracy.png"),
+        forgetting_per_task(results, out / "forgetting_per_task.png"),
+        anytime_curve(results, out / "anytime_accuracy.png"),
+        shallow_vs_deep(results, out / "shallow_vs_deep.png"),
+        method_curves(results, out / "method_curves.png"),
+    ]
+    for method, row in results["methods"].items():
+        paths.append(accuracy_heatmap(method, row["accuracy_matrix"], out / f"accuracy_matrix_{method}.png"))
+    return [p for p in paths if p is not None]

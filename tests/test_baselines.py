@@ -1,0 +1,288 @@
+"""Every baseline on a tiny real stream (MNIST on a tiny ViT, WordNet on a tiny BERT):
+a few training steps, a bit-identical save/load, and each one's own behaviour."""
+
+from __future__ import annotations
+
+import torch
+import pytest
+from safetensors import safe_open
+from transformers import AutoTokenizer, BertModel, GPT2LMHeadModel, ViTModel
+
+from hf_clroute import CLConfig, ContinualTrainer, TrainingConfig, get_cl_model
+from hf_clroute.backbones import char_lm_config, offline_model_path, tiny_bert_config, tiny_vit_config
+from hf_clroute.baselines import (
+    ERConfig,
+    EWCConfig,
+    FinetuneConfig,
+    JointConfig,
+    LoraBaselineConfig,
+    LwFConfig,
+    NCMConfig,
+    PromptTuningBaselineConfig,
+    VPTConfig,
+)
+from hf_clroute.data import ImageCollator, TextClassificationCollator, class_incremental, load_source
+from hf_clroute.engine import make_accelerator
+from hf_clroute.evaluation import model_inputs
+from hf_clroute.model import WEIGHTS_NAME, CLModel
+
+IMAGE_METHODS = {
+    "finetune": FinetuneConfig,
+    "ncm": NCMConfig,
+    "lora": LoraBaselineConfig,
+    "vpt": VPTConfig,
+    "er": lambda: ERConfig(buffer_size=16),
+    "lwf": LwFConfig,
+    "ewc": lambda: EWCConfig(fisher_samples=8),
+    "joint": JointConfig,
+}
+TEXT_METHODS = {**IMAGE_METHODS, "er": lambda: ERConfig(buffer_size=16, max_length=24)}
+del TEXT_METHODS["vpt"]
+TEXT_METHODS["prompt_tuning"] = lambda: PromptTuningBaselineConfig(num_virtual_tokens=4)
+
+
+# ---- tiny real streams ---------------------------------------------------------------
+@pytest.fixture(scope="module")
+def image_stream():
+    return class_incremental(
+        load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=12, test_per_class=6, name="mnist"
+    )
+
+
+@pytest.fixture(scope="module")
+def text_stream():
+    return class_incremental(
+        load_source("wordnet"), n_tasks=2, seed=0, classes=[4, 18, 6, 9], train_per_class=12, test_per_class=6, name="wordnet"
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(offline_model_path("minilm"))
+
+
+def tiny_vit() -> ViTModel:
+    torch.manual_seed(0)
+    return ViTModel(tiny_vit_config())
+
+
+def tiny_bert(vocab_size: int) -> BertModel:
+    torch.manual_seed(0)
+    return BertModel(tiny_bert_config(vocab_size=vocab_size, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+
+
+def image_collator() -> ImageCollator:
+    cfg = tiny_vit_config()
+    return ImageCollator(cfg.image_size, num_channels=cfg.num_channels)
+
+
+def fit(model, stream, collator):
+    config = TrainingConfig(batch_size=8, learning_rate=1e-3, progress=False)
+    trainer = ContinualTrainer(model, stream, config, collator, make_accelerator(config, cpu=True))
+    return trainer.fit()
+
+
+def first_test_batch(stream, collator, n=6):
+    return collator([stream[0].test[i] for i in range(n)])
+
+
+def assert_bit_identical_reload(model, make_backbone, tmp_path, batch):
+    model.save_pretrained(tmp_path)
+    loaded = CLModel.from_pretrained(make_backbone(), tmp_path)
+    saved, restored = model.adapter_state_dict(), loaded.adapter_state_dict()
+    assert saved.keys() == restored.keys()
+    for key, tensor in saved.items():
+        assert torch.equal(tensor, restored[key]), key
+    assert loaded.extra_state() == model.extra_state()
+    model.eval(), loaded.eval()
+    with torch.no_grad():
+        assert torch.equal(model(**model_inputs(batch)), loaded(**model_inputs(batch)))
+    return loaded
+
+
+# ---- every baseline: a few steps, then save/load -------------------------------------
+@pytest.mark.parametrize("method", sorted(IMAGE_METHODS))
+def test_image_baseline_trains_and_reloads(method, image_stream, tmp_path):
+    model = get_cl_model(tiny_vit(), IMAGE_METHODS[method]())
+    result = fit(model, image_stream, image_collator())
+    assert result.finished and len(result.accuracy_matrix) == 2
+    assert 0.0 <= min(result.accuracy_matrix[-1]) and max(result.accuracy_matrix[-1]) <= 1.0
+    assert_bit_identical_reload(model, tiny_vit, tmp_path, first_test_batch(image_stream, image_collator()))
+
+
+@pytest.mark.parametrize("method", sorted(TEXT_METHODS))
+def test_text_baseline_trains_and_reloads(method, text_stream, tokenizer, tmp_path):
+    collator = TextClassificationCollator(tokenizer, max_length=24)
+    make = lambda: tiny_bert(tokenizer.vocab_size)  # noqa: E731
+    model = get_cl_model(make(), TEXT_METHODS[method]())
+    result = fit(model, text_stream, collator)
+    assert result.finished and len(result.accuracy_matrix) == 2
+    assert_bit_identical_reload(model, make, tmp_path, first_test_batch(text_stream, collator))
+
+
+# ---- method-specific behaviour -------------------------------------------------------
+def test_lora_is_peft_and_leaves_the_backbone_untouched(image_stream, tmp_path):
+    model = get_cl_model(tiny_vit(), LoraBaselineConfig(r=2))
+    before = {k: v.clone() for k, v in tiny_vit().state_dict().items()}
+    fit(model, image_stream, image_collator())
+    lora_layer = model.backbone.layers[0].attention.q_proj
+    assert type(lora_layer).__module__.startswith("peft.tuners.lora")
+    # The wrapped weights live under base_layer, bit-identical to the untrained backbone.
+    after = {k.replace(".base_layer", ""): v for k, v in model.backbone.state_dict().items() if "lora_" not in k}
+    assert after.keys() == before.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    model.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / WEIGHTS_NAME), framework="pt") as handle:
+        keys = set(handle.keys())
+    assert keys and all(".lora_A." in k or ".lora_B." in k or k.startswith("head.") for k in keys)
+    assert any(".lora_B." in k for k in keys) and "head.weight" in keys
+
+
+def test_lora_on_gpt2_uses_fan_in_fan_out(tmp_path):
+    torch.manual_seed(0)
+    make = lambda: GPT2LMHeadModel(char_lm_config(40, n_embd=32, n_layer=2, n_head=2, n_positions=32))  # noqa: E731
+    model = get_cl_model(make(), LoraBaselineConfig(r=2))
+    layer = model.backbone.transformer.h[0].attn.c_attn
+    assert layer.fan_in_fan_out and model.trainable_parameters()
+    with torch.no_grad():
+        layer.lora_B["default"].weight.normal_()  # make the adapter matter before comparing
+    ids = torch.randint(4, 40, (2, 12))
+    assert_bit_identical_reload(model, make, tmp_path, {"input_ids": ids})
+
+
+def test_prompt_tuning_keeps_shapes_and_points_vit_users_to_vpt(text_stream, tokenizer):
+    collator = TextClassificationCollator(tokenizer, max_length=24)
+    batch = model_inputs(first_test_batch(text_stream, collator, n=3))
+    plain = get_cl_model(tiny_bert(tokenizer.vocab_size), FinetuneConfig(freeze_backbone=True))
+    prompted = get_cl_model(tiny_bert(tokenizer.vocab_size), PromptTuningBaselineConfig(num_virtual_tokens=4))
+    with torch.no_grad():
+        p, q = plain.extract_features(batch), prompted.method.features(prompted, batch)
+    assert p.shape == q.shape == (3, 32) and not torch.allclose(p, q)
+    # Only the PEFT prompt (+ head, empty before any task) is trainable; no backbone tensor saved.
+    assert set(prompted.adapter_state_dict()) == {"method.prompt_encoder.default.embedding.weight", "head.weight", "head.bias", "head.seen"}
+    with pytest.raises(ValueError, match="vpt"):
+        get_cl_model(tiny_vit(), PromptTuningBaselineConfig())
+
+
+def test_vpt_inserts_prompts_after_cls_and_keeps_feature_shape():
+    model = get_cl_model(tiny_vit(), VPTConfig(num_prompts=3))
+    pixels = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        hidden = model.backbone(pixel_values=pixels).last_hidden_state
+        features = model.extract_features({"pixel_values": pixels})
+    assert hidden.shape == (2, 1 + 3 + 16, 32) and features.shape == (2, 32)
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == ["method.prompts"]  # head still empty
+    with pytest.raises(ValueError, match="supports"):
+        get_cl_model(tiny_bert(100), VPTConfig())
+
+
+def test_er_buffer_keeps_old_task_examples_and_saves_them(image_stream, tmp_path):
+    model = get_cl_model(tiny_vit(), ERConfig(buffer_size=16))
+    fit(model, image_stream, image_collator())
+    buffer = model.method.buffer
+    assert len(buffer) == 16 and buffer.num_seen == 48
+    labels = set(buffer.contents()["labels"].tolist())
+    assert labels & set(image_stream[0].classes) and labels & set(image_stream[1].classes)
+    loaded = CLModel.from_pretrained(tiny_vit(), _saved(model, tmp_path))
+    for name, value in buffer.contents().items():
+        assert torch.equal(loaded.method.buffer.contents()[name], value)
+
+
+def test_er_trains_on_current_plus_replayed_batch(image_stream):
+    model = get_cl_model(tiny_vit(), ERConfig(buffer_size=16))
+    model.grow_head(4)
+    batch = image_collator()([image_stream[0].train[i] for i in range(8)])
+    model.method.buffer.add(batch)
+    model.train()
+    logits = model(**model_inputs(batch))
+    extra = model.method.extra_losses(model, batch, logits)
+    assert logits.shape == (8, 4) and set(extra) == {"replay"} and extra["replay"] > 0
+
+
+def test_ewc_penalty_is_zero_at_the_anchor_and_grows_away_from_it(image_stream):
+    model = get_cl_model(tiny_vit(), EWCConfig(fisher_samples=8))
+    fit(model, image_stream, image_collator())
+    ewc = model.method
+    assert dict(ewc.fisher.items()).keys() == dict(ewc.anchor.items()).keys() != set()
+    assert ewc.penalty(model).item() == 0.0  # anchors were just taken at the last task end
+    penalties = []
+    for scale in (1e-2, 1e-1):
+        with torch.no_grad():
+            for p in model.trainable_parameters():
+                p.add_(scale)
+            penalties.append(ewc.penalty(model).item())
+            for p in model.trainable_parameters():
+                p.sub_(scale)
+    assert 0.0 < penalties[0] < penalties[1]
+
+
+def test_lwf_is_zero_when_the_model_equals_its_snapshot(image_stream, tmp_path):
+    model = get_cl_model(tiny_vit(), LwFConfig())
+    fit(model, image_stream, image_collator())
+    lwf, inputs = model.method, model_inputs(first_test_batch(image_stream, image_collator()))
+    assert lwf.num_old_classes == 4
+    model.train()
+    assert lwf.distillation(model, inputs, model(**inputs)).item() == pytest.approx(0.0, abs=1e-6)
+    with torch.no_grad():
+        model.head.weight.mul_(3.0)
+    assert lwf.distillation(model, inputs, model(**inputs)).item() > 1e-3
+    # The teacher now differs from the model: it is saved, and reloads as it was.
+    lwf.after_step(model, None, None, None)
+    loaded = CLModel.from_pretrained(tiny_vit(), _saved(model, tmp_path))
+    assert loaded.method.distillation(loaded, inputs, loaded(**inputs)) == pytest.approx(
+        lwf.distillation(model, inputs, model(**inputs)).item()
+    )
+
+
+def test_lwf_teacher_is_not_saved_at_a_task_boundary(image_stream, tmp_path):
+    model = get_cl_model(tiny_vit(), LwFConfig())
+    fit(model, image_stream, image_collator())
+    saved = _saved(model, tmp_path)
+    with safe_open(str(saved / WEIGHTS_NAME), framework="pt") as handle:
+        assert not [k for k in handle.keys() if k.startswith("method.teacher")]
+    loaded = CLModel.from_pretrained(tiny_vit(), saved)
+    inputs = model_inputs(first_test_batch(image_stream, image_collator()))
+    loaded.method.on_task_start(loaded, image_stream[0], None)  # rebuilds the teacher from the weights
+    assert loaded.method.distillation(loaded, inputs, loaded(**inputs)).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_joint_stream_at_task_t_covers_tasks_up_to_t(image_stream):
+    model = get_cl_model(tiny_vit(), JointConfig(shuffle_seed=3))
+    for t in range(2):
+        rows = list(model.method.training_stream(image_stream[t], image_stream[: t + 1], epochs=1))
+        expected = sum(len(e.train) for e in image_stream[: t + 1])
+        assert len(rows) == expected
+        assert {r["label"] for r in rows} == {c for e in image_stream[: t + 1] for c in e.classes}
+    labels = [r["label"] for r in rows]
+    assert labels != sorted(labels)  # shuffled together, not task after task
+    again = [r["label"] for r in model.method.training_stream(image_stream[1], image_stream, epochs=1)]
+    assert again == labels  # the same seed gives the same order
+
+
+@pytest.mark.parametrize(
+    "make, field",
+    [
+        (lambda: LoraBaselineConfig(r=0), "r"),
+        (lambda: LoraBaselineConfig(freeze_backbone=False), "freeze_backbone"),
+        (lambda: PromptTuningBaselineConfig(prompt_tuning_init="TEXT"), "prompt_tuning_init"),
+        (lambda: VPTConfig(num_prompts=0), "num_prompts"),
+        (lambda: ERConfig(buffer_size=0), "buffer_size"),
+        (lambda: LwFConfig(temperature=0), "temperature"),
+        (lambda: EWCConfig(gamma=1.5), "gamma"),
+    ],
+)
+def test_config_validation_names_the_field(make, field):
+    with pytest.raises(ValueError, match=field):
+        make()
+
+
+def test_configs_round_trip_through_json(tmp_path):
+    for make in [*IMAGE_METHODS.values(), *TEXT_METHODS.values()]:
+        config = make()
+        config.save_pretrained(tmp_path)
+        assert CLConfig.from_pretrained(tmp_path) == config
+
+
+def _saved(model, path):
+    model.save_pretrained(path)
+    return path

@@ -1,0 +1,377 @@
+"""RwF: Hopfield routing prompts on ViT, BERT and the GPT-2 char-LM (issue 4).
+
+Tiny backbones are built in code; the MiniLM test reads the real pretrained
+checkpoint shipped as a pip package; the engine test reads real MNIST.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import BertModel, GPT2LMHeadModel, ViTConfig, ViTModel
+
+from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
+from hf_clroute.backbones import char_lm_config, get_blocks, load_backbone, offline_model_path, tiny_bert_config, tiny_vit_config
+from hf_clroute.data import ImageCollator, class_incremental, load_source
+from hf_clroute.engine import make_accelerator
+from hf_clroute.methods.rwf import HopfieldRouter, RoutedAttention, RwfConfig
+from hf_clroute.model import CLModel
+from hf_clroute.suites import SuiteConfig
+
+ATTN = ("sdpa", "eager")
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def tiny_vit(attn: str = "sdpa") -> ViTModel:
+    torch.manual_seed(0)
+    return ViTModel(tiny_vit_config(attn_implementation=attn)).eval()
+
+
+def tiny_bert(attn: str = "sdpa") -> BertModel:
+    torch.manual_seed(0)
+    return BertModel(tiny_bert_config(attn_implementation=attn)).eval()
+
+
+def tiny_lm(attn: str = "sdpa") -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(char_lm_config(40, n_embd=32, n_layer=2, n_head=2, n_positions=64, attn_implementation=attn)).eval()
+
+
+def pixels(n: int = 3) -> dict[str, torch.Tensor]:
+    return {"pixel_values": torch.randn(n, 3, 16, 16, generator=torch.Generator().manual_seed(1))}
+
+
+def padded_text() -> dict[str, torch.Tensor]:
+    ids = torch.tensor([[2, 5, 6, 7, 8, 3], [2, 9, 10, 3, 0, 0]])
+    return {"input_ids": ids, "attention_mask": (ids != 0).long()}
+
+
+def lm_ids(n: int = 2, length: int = 12) -> torch.Tensor:
+    return torch.randint(4, 40, (n, length), generator=torch.Generator().manual_seed(2))
+
+
+def perturb_trainable(model: CLModel, scale: float = 0.1) -> None:
+    """Move every trained tensor away from its init, so identities are not by accident."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.trainable_parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+def capture_attention_lengths(model: CLModel) -> list[tuple[int, int]]:
+    """(rows into, rows out of) every wrapped attention, recorded by forward hooks."""
+    seen: list[tuple[int, int]] = []
+    for module in model.modules():
+        if isinstance(module, RoutedAttention):
+            module.base_layer.register_forward_hook(lambda m, args, kwargs, out: seen.append((args[0].shape[1], out[0].shape[1])), with_kwargs=True)
+    return seen
+
+
+# ---------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"num_prompts": 0}, "num_prompts"),
+        ({"beta": -1.0}, "beta"),
+        ({"routed_layers": [0, 0]}, "routed_layers"),
+        ({"routed_layers": []}, "routed_layers"),
+        ({"query_mode": "dynamic"}, "query_mode"),
+        ({"key_init": "block"}, "key_init"),
+        ({"value_init": "random"}, "value_init"),
+        ({"query_projection_init": "xavier"}, "query_projection_init"),
+        ({"causal_chunk_size": 0}, "causal_chunk_size"),
+        ({"freeze_backbone": False}, "freeze_backbone"),
+    ],
+)
+def test_config_validation_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        RwfConfig(**kwargs)
+
+
+def test_default_routes_first_three_blocks_and_out_of_range_is_refused():
+    torch.manual_seed(0)
+    model = get_cl_model(ViTModel(tiny_vit_config(num_hidden_layers=4)), RwfConfig())
+    routed = [i for i, b in enumerate(get_blocks(model.backbone)) if isinstance(b.attention, RoutedAttention)]
+    assert routed == [0, 1, 2] and sorted(model.method.routers) == ["0", "1", "2"]
+    with pytest.raises(ValueError, match="routed_layers"):
+        get_cl_model(tiny_vit(), RwfConfig(routed_layers=[5]))
+
+
+# ---------------------------------------------------------------------------- injection
+
+
+@pytest.mark.parametrize("attn", ATTN)
+def test_vit_prompts_added_then_dropped(attn):
+    bare = tiny_vit(attn)(**pixels()).last_hidden_state
+    model = get_cl_model(tiny_vit(attn), RwfConfig(num_prompts=5)).eval()
+    lengths = capture_attention_lengths(model)
+    routed = model.backbone(**pixels()).last_hidden_state
+    tokens = bare.shape[1]
+    assert routed.shape == bare.shape
+    assert lengths == [(tokens + 5, tokens + 5)] * 2  # both blocks saw L + m rows ...
+    assert not torch.allclose(routed, bare)  # ... and the prompts changed what the tokens attended to
+    model.grow_head(4)
+    assert model(**pixels()).shape == (3, 4)
+
+
+def test_vit_sdpa_and_eager_agree():
+    out = {attn: get_cl_model(tiny_vit(attn), RwfConfig(num_prompts=5)).backbone(**pixels()).last_hidden_state for attn in ATTN}
+    torch.testing.assert_close(out["sdpa"], out["eager"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attn", ATTN)
+def test_bert_with_padding_shapes_and_pad_tokens_are_ignored(attn):
+    batch = padded_text()
+    bare = tiny_bert(attn)(**batch).last_hidden_state
+    model = get_cl_model(tiny_bert(attn), RwfConfig(num_prompts=3)).eval()
+    lengths = capture_attention_lengths(model)
+    out = model.backbone(**batch).last_hidden_state
+    assert out.shape == bare.shape and lengths == [(6 + 3, 6 + 3)] * 2
+    # What sits under the padding must not reach real tokens: neither through the
+    # attention (extended mask) nor through the routing (pads get no routing weight).
+    other = dict(batch, input_ids=batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 17))
+    out_other = model.backbone(**other).last_hidden_state
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(out_other[real], out[real], atol=1e-6, rtol=1e-6)
+    # The padded sequence gives the same features as the same sentence alone.
+    alone = model.backbone(input_ids=batch["input_ids"][1:, :4]).last_hidden_state
+    torch.testing.assert_close(out[1, :4], alone[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attn", ATTN)
+@pytest.mark.parametrize("chunk", [1, 4])
+def test_causal_lm_routing_never_sees_the_future(attn, chunk):
+    ids = lm_ids()
+    bare = tiny_lm(attn)(input_ids=ids).logits
+    model = get_cl_model(tiny_lm(attn), RwfConfig(num_prompts=3, causal_chunk_size=chunk)).eval()
+    perturb_trainable(model, 1.0)
+    lengths = capture_attention_lengths(model)
+    logits = model(input_ids=ids).logits
+    groups = -(-ids.shape[1] // chunk)
+    assert logits.shape == bare.shape and lengths[0] == (12 + groups * 3,) * 2
+    assert not torch.allclose(logits, bare, atol=1e-4)  # the routing does act
+    for t in (0, 4, 7, 10):
+        changed = ids.clone()
+        changed[:, t + 1] = (changed[:, t + 1] + 7) % 36 + 4
+        new = model(input_ids=changed).logits
+        torch.testing.assert_close(new[:, : t + 1], logits[:, : t + 1], atol=1e-6, rtol=1e-6)
+        assert (new[:, t + 1] - logits[:, t + 1]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("attn", ATTN)
+def test_causal_lm_left_padding_is_ignored(attn):
+    # Chunk 1: every position has its own prompts, so left padding shifts nothing.
+    model = get_cl_model(tiny_lm(attn), RwfConfig(num_prompts=3, causal_chunk_size=1)).eval()
+    perturb_trainable(model, 1.0)
+    ids = lm_ids(1, 8)
+    alone = model(input_ids=ids).logits
+    padded_ids = torch.cat([torch.full((1, 3), 9), ids], dim=1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 8, dtype=torch.long)], dim=1)
+    padded = model(input_ids=padded_ids, attention_mask=mask, position_ids=torch.clamp(mask.cumsum(1) - 1, min=0)).logits
+    torch.testing.assert_close(padded[:, 3:], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_causal_lm_generates_and_refuses_a_stale_cache():
+    model = get_cl_model(tiny_lm(), RwfConfig(num_prompts=2, causal_chunk_size=1)).eval()
+    ids = lm_ids(1, 5)
+    out = model.backbone.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+    assert out.shape == (1, 9)
+    # Greedy decoding without a cache equals the argmax of a full forward at every step.
+    logits = model(input_ids=out[:, :-1]).logits
+    assert torch.equal(logits[0, 4:].argmax(-1), out[0, 5:])
+    with pytest.raises(NotImplementedError, match="use_cache=False"):
+        model.backbone.generate(input_ids=ids, max_new_tokens=2, do_sample=False, use_cache=True)
+
+
+# ---------------------------------------------------------------------------- the router
+
+
+def router_and_tokens(**overrides) -> tuple[HopfieldRouter, torch.Tensor]:
+    config = RwfConfig(num_prompts=4, key_init="orthogonal", value_init="orthogonal", **overrides)
+    router = HopfieldRouter(16, config, seed=5).double()
+    tokens = torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    return router, tokens
+
+
+def free_energy(p: torch.Tensor, scores: torch.Tensor, beta: float) -> torch.Tensor:
+    """F(p; q) = -sum_i p_i <q, k_i> + beta^-1 sum_i p_i log p_i (0 log 0 = 0)."""
+    return -(p * scores).sum(-1) + (p * torch.log(p.clamp_min(1e-300))).sum(-1) / beta
+
+
+def test_routing_is_the_free_energy_minimiser():
+    router, tokens = router_and_tokens(beta=0.7)
+    with torch.no_grad():
+        weights = router.routing_weights(tokens)[:, 0]  # (B, m, L)
+        scores = torch.einsum("md,bld->bml", router.query(), tokens @ router.key_weight)  # <q, k_i>
+    # Mirror descent (entropic) on the simplex, from the uniform point, knows nothing of softmax.
+    p = torch.full_like(scores, 1.0 / scores.shape[-1])
+    step = 0.5 * router.beta
+    for _ in range(200):
+        grad = -scores + (torch.log(p) + 1) / router.beta
+        p = p * torch.exp(-step * (grad - grad.amax(-1, keepdim=True)))
+        p = p / p.sum(-1, keepdim=True)
+    torch.testing.assert_close(weights, p, atol=1e-10, rtol=1e-8)
+    # And no other point of the simplex has lower free energy.
+    g = torch.Generator().manual_seed(6)
+    best = free_energy(weights, scores, router.beta)
+    for _ in range(20):
+        other = torch.softmax(torch.log(weights) + 0.3 * torch.randn(weights.shape, generator=g, dtype=torch.float64), -1)
+        assert (free_energy(other, scores, router.beta) > best).all()
+
+
+def test_padding_gets_no_routing_weight_and_causal_groups_see_no_future():
+    router, tokens = router_and_tokens()
+    valid = torch.ones(2, 9, dtype=torch.bool)
+    valid[1, 6:] = False
+    with torch.no_grad():
+        weights = router.routing_weights(tokens, valid)
+        causal = router.routing_weights(tokens, valid, chunk_size=3)  # groups start at 0, 3, 6
+    assert (weights[1, ..., 6:] == 0).all() and torch.allclose(weights.sum(-1), torch.ones(()).double())
+    positions = torch.arange(9)
+    for g, start in enumerate((0, 3, 6)):
+        assert (causal[:, g, :, positions > start] == 0).all()
+    # A group whose visible tokens are all padding routes nothing, without NaN.
+    left = torch.ones(2, 9, dtype=torch.bool)
+    left[:, :4] = False
+    prompts, prompt_valid = router(tokens, left, chunk_size=3)
+    assert torch.isfinite(prompts).all() and prompt_valid.view(2, 3, 4)[:, :2].logical_not().all()
+    assert (prompts.view(2, 3, 4, 16)[:, :2] == 0).all() and prompt_valid.view(2, 3, 4)[:, 2].all()
+
+
+def test_routing_is_lipschitz_in_the_tokens():
+    router, tokens = router_and_tokens(beta=0.5)
+    with torch.no_grad():
+        q_norm = router.query().norm(dim=-1)  # (m,)
+        w_k = torch.linalg.matrix_norm(router.key_weight, ord=2)
+        direction = torch.randn(tokens.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+        direction = direction / direction.norm()
+        base_w = router.routing_weights(tokens)[:, 0]
+        base_p, _ = router(tokens)
+        ratios = []
+        for eps in (1e-1, 1e-2, 1e-3, 1e-4):
+            moved = tokens + eps * direction
+            dw = (router.routing_weights(moved)[:, 0] - base_w).norm(dim=-1)  # (B, m)
+            # softmax is 1-Lipschitz: |dA_a| <= beta |q_a| |W_K|_2 |dZ|
+            dz = (eps * direction).norm(dim=(1, 2))[:, None]
+            assert (dw <= router.beta * q_norm * w_k * dz + 1e-12).all()
+            ratios.append(((router(moved)[0] - base_p).norm() / eps).item())
+    # The prompts change in proportion to the input change (no jumps, as argmax/top-k routing would have).
+    assert max(ratios[1:]) / min(ratios[1:]) < 1.02 and ratios[-1] < 100
+
+
+# ---------------------------------------------------------------------------- training
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return class_incremental(load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=16, test_per_class=8, name="mnist")
+
+
+def test_engine_trains_only_the_query_side_and_frozen_projections_stay(stream):
+    model = get_cl_model(tiny_vit(), RwfConfig(num_prompts=4, key_init="orthogonal", value_init="orthogonal"))
+    routers = model.method.routers.values()
+    frozen = {n: t.clone() for n, t in model.named_buffers() if n.endswith(("key_weight", "value_weight"))}
+    backbone_before = {n: p.clone() for n, p in model.backbone.named_parameters()}
+    queries_before = [r.query().detach().clone() for r in routers]
+    trainable = {id(p) for p in model.trainable_parameters()}
+    expected = {id(p) for r in routers for p in (r.queries, r.query_proj.weight, r.query_proj.bias)}
+    assert trainable == expected | {id(p) for p in model.head.parameters()}
+
+    config = TrainingConfig(batch_size=8, learning_rate=1e-2, progress=False)
+    collate = ImageCollator(16, num_channels=3)
+    result = ContinualTrainer(model, stream, config, collate, make_accelerator(config, cpu=True)).fit()
+    assert len(result.accuracy_matrix) == 2 and result.finished
+    assert len(frozen) == 4 and all(torch.equal(dict(model.named_buffers())[n], t) for n, t in frozen.items())
+    assert all(r.key_weight.grad is None and not r.key_weight.requires_grad for r in routers)
+    assert all(torch.equal(p, backbone_before[n]) for n, p in model.backbone.named_parameters())
+    assert all(not torch.equal(r.query().detach(), q) for r, q in zip(routers, queries_before))
+    # Trainable = query side + head, counted against the backbone.
+    d = 32
+    assert result.params["trainable_params"] == 2 * (4 * d + d * d + d) + 4 * (d + 1)
+
+
+def test_frozen_projections_get_no_gradient():
+    model = get_cl_model(tiny_vit(), RwfConfig(num_prompts=4, key_init="orthogonal"))
+    model.grow_head(3)
+    model(**pixels()).logsumexp(-1).sum().backward()
+    routers = list(model.method.routers.values())
+    assert all(r.queries.grad is not None and r.queries.grad.abs().sum() > 0 for r in routers)
+    assert all(r.query_proj.weight.grad.abs().sum() > 0 for r in routers)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert not any("key_weight" in n or "value_weight" in n for n in names)
+
+
+# ---------------------------------------------------------------------------- saving
+
+
+@pytest.mark.parametrize("build, inputs", [(tiny_vit, pixels), (tiny_bert, padded_text)])
+def test_save_load_bit_identical(tmp_path, build, inputs):
+    model = get_cl_model(build(), RwfConfig(num_prompts=3, key_init="orthogonal", init_seed=4))
+    model.grow_head(5)
+    perturb_trainable(model)
+    model.eval()
+    expected = model(**inputs())
+    model.save_pretrained(tmp_path)
+    from safetensors.torch import load_file
+
+    saved = set(load_file(str(tmp_path / "adapter_model.safetensors")))
+    assert saved and all(k.startswith(("method.routers.", "head.")) for k in saved)  # no backbone tensor
+    loaded = CLModel.from_pretrained(build(), tmp_path).eval()
+    assert torch.equal(loaded(**inputs()), expected)
+
+
+def test_lm_save_load_bit_identical_and_push(tmp_path, hub_server, hub_repo_id):
+    model = get_cl_model(tiny_lm(), RwfConfig(num_prompts=2, routed_layers=[1], causal_chunk_size=4)).eval()
+    perturb_trainable(model)
+    ids = lm_ids()
+    expected = model(input_ids=ids).logits
+    model.save_pretrained(tmp_path)
+    assert torch.equal(CLModel.from_pretrained(tiny_lm(), tmp_path).eval()(input_ids=ids).logits, expected)
+    model.push_to_hub(hub_repo_id)
+    assert torch.equal(CLModel.from_pretrained(tiny_lm(), hub_repo_id).eval()(input_ids=ids).logits, expected)
+
+
+# ---------------------------------------------------------------------------- real models and sizes
+
+
+@pytest.mark.parametrize("attn", ATTN)
+def test_pretrained_minilm_with_padding(attn):
+    backbone, tokenizer = load_backbone(offline_model_path("minilm"), attn_implementation=attn)
+    model = get_cl_model(backbone.eval(), RwfConfig()).eval()
+    model.grow_head(3)
+    sentences = ["a small domesticated carnivorous mammal", "move fast", "the act of running a race"]
+    batch = tokenizer(sentences, padding=True, return_tensors="pt")
+    assert (batch["attention_mask"] == 0).any()
+    with torch.no_grad():
+        features = model.method.features(model, dict(batch))
+        alone = model.method.features(model, dict(tokenizer(sentences[1:2], return_tensors="pt")))
+    assert features.shape == (3, 384) and torch.isfinite(features).all()
+    torch.testing.assert_close(features[1], alone[0], atol=1e-5, rtol=1e-4)
+    logits = model(**batch)
+    logits.logsumexp(-1).sum().backward()
+    assert all(r.query_proj.weight.grad.abs().sum() > 0 for r in model.method.routers.values())
+
+
+def test_trainable_share_on_vit_b16_is_about_two_percent():
+    with torch.device("meta"):  # ViT-B/16-sized, counted without allocating or running it
+        backbone = ViTModel(ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, image_size=224, patch_size=16))
+    model = get_cl_model(backbone, RwfConfig())
+    model.grow_head(100)
+    counts = model.parameter_counts()
+    assert counts["backbone_params"] > 85e6
+    assert 1.5 <= counts["trainable_pct"] <= 2.5
+    with torch.device("meta"):
+        backbone = ViTModel(ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, image_size=224, patch_size=16))
+    static = get_cl_model(backbone, RwfConfig(query_mode="static"))
+    assert static.parameter_counts()["trainable_pct"] < 0.1
+
+
+def test_suite_configs_build_rwf():
+    for suite in ("split-mnist", "split-fashion", "wordnet"):
+        loaded = SuiteConfig.load(suite)
+        assert isinstance(loaded.adapter_config("rwf"), RwfConfig)
+        assert loaded.training_config("rwf", seed=0).learning_rate > 0
