@@ -51,6 +51,11 @@ def run_method(
     # Record the suite's backbone id ("pretrained-vit:<recipe>", "minilm", a Hub id), which
     # anyone can resolve, rather than the local path it was loaded from.
     config.base_model_name_or_path = suite.backbone
+    # The run seed drives every seed of the method (head rows, prompts, memories, replay
+    # draws), so the spread over seeds covers initialisation, not only the class order.
+    for name in ("head_init_seed", "seed"):
+        if hasattr(config, name):
+            setattr(config, name, seed)
     model = get_cl_model(backbone, config)
     trainer = ContinualTrainer(model, stream, training, collator or suite_collator, accelerator or make_accelerator(training))
     return trainer.fit(resume_from=resume_from), model

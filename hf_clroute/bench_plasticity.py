@@ -309,7 +309,8 @@ def hessian_effective_rank(module: nn.Module, prefix: str, args: tuple, loss_of_
             offset += size
         return loss_of_output(functional_call(module, params, args))
 
-    return effective_rank(hessian(loss)(flat))
+    with torch.no_grad():  # function transforms ignore an outer no_grad; it only spares the other parameters' graph
+        return effective_rank(hessian(loss)(flat).detach())
 
 
 def count_flops(module: nn.Module, args: tuple) -> int:

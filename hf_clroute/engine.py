@@ -122,7 +122,9 @@ def make_accelerator(config: TrainingConfig, cpu: bool = False) -> Accelerator:
         dataloader_config=DataLoaderConfiguration(split_batches=True),
         # Routed methods leave some parameters unused in a step (APN's inactive patches,
         # a backbone's unused pooler); DDP must not wait for their gradients.
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+        # Buffers (replay memories, Fisher, slot statistics) are kept identical on every
+        # process by the methods themselves; re-broadcasting them each step is wasted work.
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True, broadcast_buffers=False)],
     )
 
 

@@ -47,7 +47,7 @@ class CLModel(nn.Module):
         if self.spec.modality not in method.supported_modalities:
             raise ValueError(
                 f"method {config.method!r} supports {method.supported_modalities} backbones, "
-                f"not a {self.spec.modality} backbone ({backbone.config.model_type})"
+                f"not a {self.spec.modality} backbone ({backbone.config.model_type}) {method.unsupported_hint}".rstrip()
             )
         self.config = config
         # Image/text classification works on the base model's pooled features; an

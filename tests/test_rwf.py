@@ -305,6 +305,29 @@ def test_frozen_projections_get_no_gradient():
     assert not any("key_weight" in n or "value_weight" in n for n in names)
 
 
+class _Exp:  # the one field on_task_start reads; real Experiences run in the engine test
+    def __init__(self, classes):
+        self.classes = classes
+
+
+@pytest.mark.parametrize("current_task_loss", [True, False])
+def test_current_task_loss_leaves_old_head_rows_alone(current_task_loss):
+    model = get_cl_model(tiny_vit(), RwfConfig(num_prompts=2, current_task_loss=current_task_loss))
+    model.grow_head(4)
+    model.method.on_task_start(model, _Exp([2, 3]), None)
+    batch = {**pixels(4), "labels": torch.tensor([2, 3, 3, 2])}
+    logits = model(**pixels(4))
+    model.method.loss(model, batch, logits).backward()
+    old_rows = model.head.weight.grad[:2].abs().sum()
+    assert (old_rows == 0) == current_task_loss
+    assert model.head.weight.grad[2:].abs().sum() > 0
+    # A one-class task trains against every seen class (else its loss would be identically 0).
+    model.zero_grad()
+    model.method.on_task_start(model, _Exp([3]), None)
+    model.method.loss(model, {"labels": torch.full((4,), 3)}, model(**pixels(4))).backward()
+    assert model.head.weight.grad[:3].abs().sum() > 0
+
+
 # ---------------------------------------------------------------------------- saving
 
 

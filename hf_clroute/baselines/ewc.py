@@ -136,8 +136,8 @@ class OnlineEWC(ContinualMethod):
         was_training, count = model.training, 0
         model.eval()  # theta* as it predicts: no dropout in the estimate
         device = next(iter(params.values())).device
-        for batch in self._recent:
-            for i in range(len(batch["labels"])):
+        for batch in reversed(self._recent):  # newest first, up to fisher_samples examples
+            for i in range(min(len(batch["labels"]), self.config.fisher_samples - count)):
                 example = {k: v[i : i + 1].to(device) for k, v in batch.items()}
                 loss = F.cross_entropy(model(**model_inputs(example)), example["labels"])
                 # autograd.grad leaves .grad alone, and DDP's hooks out of this.

@@ -56,6 +56,7 @@ class PromptTuningBaselineConfig(CLConfig):
 
 class PromptTuningBaseline(ContinualMethod):
     config_class = PromptTuningBaselineConfig
+    unsupported_hint = "(PEFT's prompt tuning needs word embeddings; on ViT use 'vpt', visual prompt tuning)"
     supported_modalities = ("text",)
 
     def attach(self, model: "CLModel") -> None:

@@ -49,6 +49,8 @@ class ContinualMethod(nn.Module):
     supported_modes: tuple[str, ...] = ("online", "offline")
     #: modalities the method can work with ("image", "text", "lm").
     supported_modalities: tuple[str, ...] = ("image", "text")
+    #: appended to the error when the backbone's modality is unsupported (e.g. "use vpt").
+    unsupported_hint: str = ""
     #: whether the shared incremental linear head produces the logits.
     uses_head: bool = True
     #: True when the method only reads the frozen backbone's pooled features (no change

@@ -139,6 +139,12 @@ class ExpansionTest(nn.Module):
             if self.pool_size:
                 self.new_key = nn.functional.normalize(self.pool[: self.pool_size].mean(0), dim=0).clone()
         self.successes = self.block = self.pool_size = 0
+        if expand:
+            # The memory is about to change (a new slot takes a share of the routing mass), so
+            # the old level no longer describes it: re-learn Q_t from the next w inputs. Without
+            # this, the confidence drop that a new slot itself causes triggers the next expansion.
+            self.recent.clear()
+            self.level = None
         return expand
 
     # ---- saving ----------------------------------------------------------------------

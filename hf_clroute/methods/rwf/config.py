@@ -80,6 +80,16 @@ class RwfConfig(CLConfig):
             "per-position prompts (L*m extra rows: costly for long contexts)."
         },
     )
+    current_task_loss: bool = field(
+        default=True,
+        metadata={
+            "help": "Class-IL training loss: cross-entropy over the current task's classes only (the logits of "
+            "earlier classes are masked), as the prompt-based methods RwF is compared with (L2P, DualPrompt, "
+            "CODA-Prompt) train, so new samples never push the old classes' head rows down (a task with a single "
+            "class keeps every seen class: a one-logit softmax has no gradient). False: over all classes seen so "
+            "far. Prediction always uses every seen class (no task id)."
+        },
+    )
     init_seed: int = field(
         default=0,
         metadata={"help": "Seed of the router initialisation (queries, orthogonal W_K/W_V), independent of the global RNG."},

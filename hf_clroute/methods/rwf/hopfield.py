@@ -77,8 +77,9 @@ class HopfieldRouter(nn.Module):
         token gets all-zero weights (its prompts are zero and flagged invalid).
         """
         batch, length, _ = tokens.shape
-        keys = tokens @ self.key_weight.to(tokens.dtype)
-        scores = self.beta * torch.einsum("md,bld->bml", self.query().to(tokens.dtype), keys)  # (B, m, L)
+        # Q K^T = (Q W_K^T) Z^T: the frozen projection is applied to the m queries, not the L tokens.
+        query = self.query().to(tokens.dtype) @ self.key_weight.to(tokens.dtype).T
+        scores = self.beta * torch.einsum("md,bld->bml", query, tokens)  # (B, m, L)
         visible = torch.ones(batch, 1, length, dtype=torch.bool, device=tokens.device)
         if key_valid is not None:
             visible = visible & key_valid[:, None, :]
@@ -97,7 +98,11 @@ class HopfieldRouter(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prompts (B, G*m, d) and their validity (B, G*m) bool, group-major."""
         weights = self.routing_weights(tokens, key_valid, chunk_size)  # (B, G, m, L)
-        values = tokens @ self.value_weight.to(tokens.dtype)
-        prompts = torch.einsum("bgml,bld->bgmd", weights, values).flatten(1, 2)
+        value_weight = self.value_weight.to(tokens.dtype)
+        if weights.shape[1] * weights.shape[2] <= tokens.shape[1]:  # A (Z W_V) = (A Z) W_V: project the fewer rows
+            prompts = torch.einsum("bgml,bld->bgmd", weights, tokens) @ value_weight
+        else:
+            prompts = torch.einsum("bgml,bld->bgmd", weights, tokens @ value_weight)
+        prompts = prompts.flatten(1, 2)
         valid = (weights.sum(-1) > 0).flatten(1, 2)
         return prompts, valid

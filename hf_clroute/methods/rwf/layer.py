@@ -54,7 +54,7 @@ class RoutedAttention(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            base = self._modules.get("base_layer")
+            base = self.__dict__.get("_modules", {}).get("base_layer")
             if base is None:
                 raise
             return getattr(base, name)

@@ -1,0 +1,291 @@
+"""The ``charlm-domains`` suite: a character-level LM moving Shakespeare -> KJV Bible -> Python source.
+
+Reproduces the APN paper's domain-shift experiment at CPU scale. A GPT-2
+architecture char-LM (``char_lm_config``, size from the suite file) is trained
+from scratch on domain A, then on B, then on C, one pass over each domain's
+character budget; after every domain its perplexity on every domain's held-out
+text is measured (``ppl_matrix[t][d]``: after domain t, on domain d).
+
+Variants, "<architecture>-<adaptation>":
+
+* architecture ``dense``: the GPT-2 MLP; ``apn``: every MLP replaced by a
+  :class:`~hf_clroute.methods.apn.PatchFFN` bank (``configs/methods/apn.json``,
+  ``suites.charlm-domains``), same depth and width;
+* adaptation ``all``: every weight trains on every domain (the paper's global
+  fine-tuning); ``ffn``: everything trains on domain A, then only the FFNs (dense:
+  ``finetune-ffn``) or the patch banks (APN: ``adapt_params="ffn"``).
+
+Every variant uses the suite's one training config (same learning rate, batch,
+data order and initial weights per seed), so only the FFN and the adaptation
+scope differ. Corpus chunks are cut into ``block_size``-character windows so
+the whole character budget is trained on (the collator keeps one window per text).
+
+Reported per variant: retention = PPL_A after B / PPL_A after A (lower is
+better; 1 = no forgetting), adaptation = PPL on each new domain right after
+training on it, parameters and forward FLOPs per token (whole model and FFN
+part), training throughput (sequences/s) and its APN/dense ratio, and for APN
+the patch overlap between domains (``patch_overlap``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from datasets import Dataset, DatasetDict
+from transformers import GPT2LMHeadModel
+
+from .backbones import char_lm_config, get_blocks
+from .char_tokenizer import CharTokenizer
+from .config import CLConfig
+from .data import CausalLMCollator, load_source, text_domains
+from .engine import ContinualTrainer, TrainingConfig, make_accelerator
+from .io import atomic_write_text
+from .metrics import mean_std
+from .methods.apn import ApnConfig, FfnFinetuneConfig, PatchFFN, patch_overlap
+from .baselines.finetune import FinetuneConfig
+from .suites import method_settings, read_suite_file
+
+ARCHITECTURES = ("dense", "apn")
+ADAPTATIONS = ("all", "ffn")
+
+
+@dataclass
+class CharLMSuite:
+    """The suite file's fields (``configs/suites/charlm-domains.json``)."""
+
+    name: str = field(metadata={"help": "Suite name; also the key of per-suite settings in configs/methods/apn.json."})
+    runner: str = field(metadata={"help": "This runner ('hf_clroute.bench_lm:run')."})
+    domains: list[str] = field(metadata={"help": "Text sources (see `hf-clroute data list`) in training order: A, B, C."})
+    model: dict[str, Any] = field(metadata={"help": "char_lm_config overrides: n_layer, n_embd, n_head, dropouts."})
+    block_size: int = field(default=128, metadata={"help": "Characters per training/evaluation window (context length)."})
+    train_chars: int = field(default=500_000, metadata={"help": "Training characters per domain (one pass)."})
+    test_chars: int = field(default=50_000, metadata={"help": "Held-out characters per domain."})
+    training: dict[str, Any] = field(default_factory=dict, metadata={"help": "TrainingConfig fields, for every variant."})
+    methods: list[str] = field(default_factory=list, metadata={"help": "Variants '<dense|apn>-<all|ffn>' run by default."})
+    quick: dict[str, Any] = field(default_factory=dict, metadata={"help": "Overrides of the fields above for --quick."})
+    description: str = field(default="", metadata={"help": "What the suite measures."})
+
+    @classmethod
+    def load(cls, name_or_path: str, quick: bool = False) -> "CharLMSuite":
+        path, data = read_suite_file(name_or_path)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known) + sorted(set(data.get("quick", {})) - known)
+        if unknown:
+            raise ValueError(f"suite file {path} has unknown field(s) {unknown}; known: {sorted(known)}")
+        suite = cls(**data)
+        return dataclasses.replace(suite, **suite.quick, quick={}) if quick else suite
+
+
+def parse_variant(name: str) -> tuple[str, str]:
+    arch, _, adapt = name.partition("-")
+    if arch not in ARCHITECTURES or adapt not in ADAPTATIONS:
+        raise ValueError(f"unknown charlm-domains variant {name!r}: use '<{'|'.join(ARCHITECTURES)}>-<{'|'.join(ADAPTATIONS)}>'")
+    return arch, adapt
+
+
+def expand_variants(methods: list[str]) -> list[str]:
+    """'apn' means both 'apn-all' and 'apn-ffn'."""
+    out = []
+    for m in methods:
+        out += [f"{m}-{a}" for a in ADAPTATIONS] if m in ARCHITECTURES else [m]
+    for m in out:
+        parse_variant(m)
+    return list(dict.fromkeys(out))
+
+
+def variant_config(suite: CharLMSuite, variant: str) -> CLConfig:
+    arch, adapt = parse_variant(variant)
+    if arch == "dense":
+        return FinetuneConfig(freeze_backbone=False) if adapt == "all" else FfnFinetuneConfig()
+    settings = method_settings("apn", suite.name)["config"]
+    return ApnConfig(**{**settings, "mode": "replace", "freeze_backbone": False, "adapt_params": adapt})
+
+
+# ------------------------------------------------------------------ data
+def windows(split: Dataset, size: int) -> Dataset:
+    """Each text cut into consecutive ``size``-character windows (short tails dropped)."""
+    def cut(batch: dict[str, list]) -> dict[str, list]:
+        return {"text": [t[i:i + size] for t in batch["text"] for i in range(0, len(t) - size // 4, size)]}
+
+    return split.map(cut, batched=True, remove_columns=split.column_names)
+
+
+def build_stream(suite: CharLMSuite, seed: int) -> tuple[list, CharTokenizer]:
+    corpora = [
+        DatasetDict({s: windows(d[s], suite.block_size) for s in ("train", "test")}) for d in map(load_source, suite.domains)
+    ]
+    stream = text_domains(corpora, suite.domains, train_chars=suite.train_chars, test_chars=suite.test_chars, seed=seed)
+    texts = [t for e in stream for split in (e.train, e.test) for t in split["text"]]
+    return stream, CharTokenizer.from_corpus(texts)
+
+
+# ------------------------------------------------------------------ cost
+def flops_per_token(model: GPT2LMHeadModel, block_size: int) -> dict[str, int]:
+    """Forward FLOPs (2 x multiply-adds) per token; attention scores at a full ``block_size`` context."""
+    cfg = model.config
+    d = cfg.n_embd
+    ffn = 0
+    for block in get_blocks(model):
+        if isinstance(block.mlp, PatchFFN):
+            ffn += block.mlp.flops_per_token()
+        else:
+            ffn += 2 * (block.mlp.c_fc.weight.numel() + block.mlp.c_proj.weight.numel())
+    attention = cfg.n_layer * (2 * 4 * d * d + 2 * 2 * block_size * d)
+    return {"ffn_flops_per_token": ffn, "model_flops_per_token": ffn + attention + 2 * d * cfg.vocab_size}
+
+
+def param_counts(model: GPT2LMHeadModel) -> dict[str, int]:
+    ffn = sum(p.numel() for block in get_blocks(model) for p in block.mlp.parameters())
+    return {"params": sum(p.numel() for p in model.parameters()), "ffn_params": ffn}
+
+
+# ------------------------------------------------------------------ running
+def run_variant(suite: CharLMSuite, variant: str, seed: int, stream: list, tokenizer: CharTokenizer, progress: bool) -> dict:
+    torch.manual_seed(seed)  # the same initial attention/embedding weights for every variant of a seed
+    backbone = GPT2LMHeadModel(char_lm_config(len(tokenizer), n_positions=suite.block_size, **suite.model))
+    from .model import get_cl_model
+
+    model = get_cl_model(backbone, variant_config(suite, variant))
+    training = TrainingConfig(**{**suite.training, "seed": seed, "progress": progress})
+    started = time.perf_counter()
+    trainer = ContinualTrainer(model, stream, training, CausalLMCollator(tokenizer, suite.block_size), make_accelerator(training))
+    result = trainer.fit()
+    P = result.accuracy_matrix
+    row = {
+        "seed": seed,
+        "ppl_matrix": P,
+        "untrained_ppl": result.untrained_accuracy,
+        "retention": P[1][0] / P[0][0] if len(P) > 1 else 1.0,
+        "retention_final": [P[-1][d] / P[d][d] for d in range(len(P) - 1)],
+        "adaptation": [P[t][t] for t in range(1, len(P))],
+        "train_samples_per_s": result.train_samples_per_s,
+        "train_tokens_per_s": result.train_samples_per_s * suite.block_size,
+        "infer_samples_per_s": result.infer_samples_per_s,
+        "peak_mem_mb": result.peak_mem_mb,
+        "wall_s": time.perf_counter() - started,
+        **param_counts(backbone),
+        **flops_per_token(backbone, suite.block_size),
+    }
+    if variant.startswith("apn"):
+        row["patch_usage"] = model.method.patch_usage.tolist()
+        row["patch_overlap"] = patch_overlap(model.method.patch_usage)
+    return row
+
+
+def _stat(runs: list[dict], get) -> dict[str, float]:
+    return mean_std([get(r) for r in runs])
+
+
+def aggregate_variant(runs: list[dict]) -> dict[str, Any]:
+    T = len(runs[0]["ppl_matrix"])
+    out = {
+        "ppl_matrix": np.mean([r["ppl_matrix"] for r in runs], axis=0).round(4).tolist(),
+        "retention": _stat(runs, lambda r: r["retention"]),
+        "retention_final": [_stat(runs, lambda r, d=d: r["retention_final"][d]) for d in range(T - 1)],
+        "initial_ppl": _stat(runs, lambda r: r["ppl_matrix"][0][0]),
+        "adaptation": [_stat(runs, lambda r, t=t: r["adaptation"][t]) for t in range(T - 1)],
+        "final_ppl": [_stat(runs, lambda r, d=d: r["ppl_matrix"][-1][d]) for d in range(T)],
+        **{k: _stat(runs, lambda r, k=k: r[k]) for k in ("train_samples_per_s", "train_tokens_per_s", "infer_samples_per_s", "wall_s")},
+        **{k: runs[0][k] for k in ("params", "ffn_params", "ffn_flops_per_token", "model_flops_per_token")},
+        "peak_mem_mb": max(r["peak_mem_mb"] for r in runs),
+        "per_seed": [{k: v for k, v in r.items() if k != "patch_usage"} for r in runs],
+    }
+    out["accuracy_matrix"] = out["ppl_matrix"]  # the key every suite's results keep (perplexities here)
+    if "patch_overlap" in runs[0]:
+        out["patch_overlap"] = {
+            key: np.mean([r["patch_overlap"][key] for r in runs], axis=0).round(4).tolist()
+            for key in runs[0]["patch_overlap"]
+        }
+    return out
+
+
+def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick: bool, out: str | Path,
+        progress: bool = False) -> dict:
+    """``hf-clroute bench --suite charlm-domains``: writes ``out/results.json`` and ``out/results.md``."""
+    suite = CharLMSuite.load(name_or_path, quick=quick)
+    variants = expand_variants(methods or suite.methods)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
+    for seed in seeds:
+        stream, tokenizer = build_stream(suite, seed)
+        for variant in variants:
+            row = run_variant(suite, variant, seed, stream, tokenizer, progress)
+            runs[variant].append(row)
+            print(f"[{suite.name}] seed {seed} {variant}: PPL_A {row['ppl_matrix'][0][0]:.2f} -> "
+                  f"{row['ppl_matrix'][1][0]:.2f} after B (retention {row['retention']:.2f}), "
+                  f"new-domain PPL {', '.join(f'{x:.2f}' for x in row['adaptation'])} ({row['wall_s']:.0f}s)", flush=True)
+    results = {
+        "suite": suite.name,
+        "seeds": seeds,
+        "quick": quick,
+        "config": {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"}
+        | {"apn": method_settings("apn", suite.name)["config"]},
+        "methods": {v: aggregate_variant(r) for v, r in runs.items()},
+    }
+    results["throughput_ratio"] = {
+        adapt: results["methods"][f"apn-{adapt}"]["train_samples_per_s"]["mean"]
+        / results["methods"][f"dense-{adapt}"]["train_samples_per_s"]["mean"]
+        for adapt in ADAPTATIONS
+        if f"apn-{adapt}" in results["methods"] and f"dense-{adapt}" in results["methods"]
+    }
+    atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(out / "results.md", results_markdown(results))
+    return results
+
+
+# ------------------------------------------------------------------ report
+def _f(stat: dict[str, float], digits: int = 2) -> str:
+    return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
+
+
+def results_markdown(results: dict) -> str:
+    cfg = results["config"]
+    domains = cfg["domains"]
+    model = ", ".join(f"{k}={v}" for k, v in cfg["model"].items())
+    lines = [
+        f"# {results['suite']} (seeds {', '.join(map(str, results['seeds']))}{', quick' if results['quick'] else ''})",
+        "",
+        f"Char-level GPT-2 ({model}, context {cfg['block_size']}) trained from scratch on "
+        f"{' -> '.join(domains)}, one pass over {cfg['train_chars']:,} characters per domain; perplexity on "
+        f"{cfg['test_chars']:,} held-out characters per domain. APN: {json.dumps(cfg['apn'], sort_keys=True)}. "
+        "Mean ± std over seeds. Retention = PPL_A after B / PPL_A after A (1 = no forgetting). "
+        "Adaptation = PPL on a domain right after training on it. `all`: every weight trains on every domain; "
+        "`ffn`: after the first domain only the FFNs (dense) / patch banks (APN) train.",
+        "",
+        f"| variant | PPL A after A | PPL A after B | retention A (B) | PPL B after B | PPL C after C | "
+        f"final PPL {'/'.join(d[:3] for d in domains)} | params | FFN params | FLOPs/token (FFN) | train seq/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in results["methods"].items():
+        P = [r["ppl_matrix"] for r in m["per_seed"]]
+        after_b = mean_std([p[1][0] for p in P])
+        final = " / ".join(f"{s['mean']:.2f}" for s in m["final_ppl"])
+        adaptation = " | ".join(_f(s) for s in m["adaptation"][:2])
+        lines.append(
+            f"| {name} | {_f(m['initial_ppl'])} | {_f(after_b)} | {_f(m['retention'])} | {adaptation} | {final} | "
+            f"{m['params']:,} | {m['ffn_params']:,} | {m['model_flops_per_token']:,} ({m['ffn_flops_per_token']:,}) | "
+            f"{_f(m['train_samples_per_s'], 1)} |"
+        )
+    if results.get("throughput_ratio"):
+        ratios = ", ".join(f"{k}: {v:.2f}" for k, v in results["throughput_ratio"].items())
+        lines += ["", f"Training throughput APN / dense (same adaptation variant): {ratios}."]
+    for name, m in results["methods"].items():
+        lines += ["", f"**{name}** perplexity matrix (row: after training on; column: evaluated on {', '.join(domains)}):", ""]
+        lines += ["| after \\ on | " + " | ".join(domains) + " |", "|---" * (len(domains) + 1) + "|"]
+        lines += [f"| {domains[t]} | " + " | ".join(f"{x:.2f}" for x in row) + " |" for t, row in enumerate(m["ppl_matrix"])]
+        if "patch_overlap" in m:
+            lines += ["", f"{name} patch overlap between domains (weighted Jaccard of usage / Jaccard of the patches "
+                      "covering 80% of assignments; mean over layers and seeds):", "",
+                      "| domains | weighted Jaccard | Jaccard |", "|---|---|---|"]
+            w, j = m["patch_overlap"]["weighted_jaccard"], m["patch_overlap"]["jaccard"]
+            lines += [f"| {domains[s]} vs {domains[t]} | {w[s][t]:.3f} | {j[s][t]:.3f} |"
+                      for s in range(len(domains)) for t in range(s + 1, len(domains))]
+    return "\n".join(lines) + "\n"

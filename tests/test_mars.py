@@ -1,0 +1,360 @@
+"""MaRS: slot memory, SGSE (statistics and behaviour), DCDA stages, growth, save/load/continue.
+
+Synthetic streams of *features* (the bench caches frozen features for MaRS the
+same way) keep the engine tests fast; domains live in orthogonal subspaces so
+"novel" is unambiguous. Every stream is seeded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+from transformers import BertModel, ViTModel
+
+from hf_clroute import CLModel, ContinualTrainer, TrainingConfig, get_cl_model
+from hf_clroute.backbones import tiny_bert_config, tiny_vit_config
+from hf_clroute.data.streams import Experience
+from hf_clroute.engine import make_accelerator
+from hf_clroute.feature_cache import FeatureCollator
+from hf_clroute.methods.mars import ExpansionTest, MarsConfig, SlotMemory, wilson_lower_bound
+from hf_clroute.methods.mars.sgse import binomial_cdf, threshold_for_alpha
+
+D = 32  # tiny_vit_config hidden size
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors: thread start-up dominates, and other jobs share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_vit() -> ViTModel:
+    torch.manual_seed(0)
+    return ViTModel(tiny_vit_config())
+
+
+# ---- synthetic feature streams -------------------------------------------------------------
+
+
+def domain_features(domain: int, label: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Domain k lives on axes 4k..4k+3 (orthogonal to every other domain); its two classes
+    differ in the sign of the second axis."""
+    x = rng.normal(0.0, 0.3, (n, D))
+    x[:, 4 * domain] += 4.0
+    x[:, 4 * domain + 1] += 2.0 if label % 2 == 0 else -2.0
+    return x.astype(np.float32)
+
+
+def feature_stream(n_domains: int, train_per_class: int = 40, test_per_class: int = 10, seed: int = 0) -> list[Experience]:
+    """Class-incremental: task k = domain k with classes 2k and 2k+1."""
+    rng = np.random.default_rng(seed)
+    stream = []
+    for k in range(n_domains):
+        splits = {}
+        for split, n in (("train", train_per_class), ("test", test_per_class)):
+            feats = np.concatenate([domain_features(k, c, n, rng) for c in (0, 1)])
+            labels = np.repeat([2 * k, 2 * k + 1], n)
+            order = rng.permutation(len(labels))
+            splits[split] = Dataset.from_dict({"features": feats[order], "label": labels[order].tolist()})
+        stream.append(Experience(k, f"domain{k}", [2 * k, 2 * k + 1], splits["train"], splits["test"]))
+    return stream
+
+
+def small_config(**overrides) -> MarsConfig:
+    return MarsConfig(**{"num_slots": 4, "max_slots": 12, "dcda_window": 2, **overrides})
+
+
+def fit(config: MarsConfig, stream, model: CLModel | None = None, resume_from=None, **training):
+    training = TrainingConfig(**{"batch_size": 10, "learning_rate": 1e-2, "progress": False, **training})
+    model = model or get_cl_model(tiny_vit(), config)
+    trainer = ContinualTrainer(model, stream, training, FeatureCollator(), make_accelerator(training, cpu=True))
+    return model, trainer.fit(resume_from=resume_from)
+
+
+@torch.no_grad()
+def eval_logits(model: CLModel, stream) -> torch.Tensor:
+    model.eval()
+    batch = FeatureCollator()([e for exp in stream for e in exp.test])
+    return model(features=batch["features"])
+
+
+# ---- slot memory ---------------------------------------------------------------------------------
+
+
+def test_identity_init_leaves_features_unchanged_up_to_layernorm():
+    model = get_cl_model(tiny_vit(), MarsConfig(num_slots=8, max_slots=16))
+    pixels = torch.rand(5, 3, 16, 16)
+    h = model.extract_features({"pixel_values": pixels})
+    routing = model.method.memory(h)
+    torch.testing.assert_close(routing.output, F.layer_norm(h, (D,)), rtol=0, atol=1e-5)
+    # Routing is a distribution over the active slots only.
+    assert routing.probs[:, 8:].abs().max() == 0
+    torch.testing.assert_close(routing.probs.sum(-1), torch.ones(5))
+    # A new slot is an identity adapter too: still LN(h).
+    model.method.memory.add_slot(torch.randn(D))
+    torch.testing.assert_close(model.method.memory(h).output, F.layer_norm(h, (D,)), rtol=0, atol=1e-5)
+
+
+def test_bert_backbone_through_the_core_api():
+    torch.manual_seed(0)
+    model = get_cl_model(BertModel(tiny_bert_config()), MarsConfig(num_slots=4))
+    model.grow_head(3)
+    ids = torch.randint(1, 100, (2, 7))
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    assert logits.shape == (2, 3) and torch.isfinite(logits).all()
+
+
+def test_anchor_is_router_weighted_mean():
+    memory = SlotMemory(4, num_slots=2, max_slots=3)
+    normed = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])
+    probs = torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0]])
+    memory.update_statistics(normed, probs, momentum=0.0)
+    means = memory.anchor_means(1e-3)
+    torch.testing.assert_close(means[0], torch.tensor([1.0, 0.5, 0, 0]) / 1.5)
+    torch.testing.assert_close(means[1], torch.tensor([0, 1.0, 0, 0]))
+    assert memory.anchor_slots(1e-3).tolist() == [0, 1]  # slot 2 is inactive
+    # With identity adapters an anchor is its slot's mean; it follows gamma/beta.
+    with torch.no_grad():
+        memory.beta[1] += 2.0
+    torch.testing.assert_close(memory.anchors(torch.tensor([1]), means[1:2]), means[1:2] + 2.0)
+
+
+# ---- SGSE statistics --------------------------------------------------------------------------------
+
+
+def wilson_reference(successes: int, n: int, z: float) -> float:
+    """The smaller root p of (p_hat - p)^2 = z^2 p (1 - p) / n (the Wilson interval's definition)."""
+    p_hat = successes / n
+    a = 1 + z * z / n
+    roots = np.roots([a, -(2 * p_hat + z * z / n), p_hat * p_hat])
+    return float(min(roots.real))
+
+
+@pytest.mark.parametrize("successes,n", [(0, 20), (3, 20), (15, 20), (19, 20), (20, 20), (7, 13), (48, 100)])
+def test_wilson_bound_matches_reference(successes, n):
+    assert wilson_lower_bound(successes, n, 1.645) == pytest.approx(max(0.0, wilson_reference(successes, n, 1.645)), abs=1e-12)
+
+
+def test_wilson_bound_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for k in range(21):
+        # A two-sided 90% Wilson interval's lower end is the one-sided 95% bound (z = 1.6449).
+        low = stats.binomtest(k, 20).proportion_ci(confidence_level=0.90, method="wilson").low
+        assert wilson_lower_bound(k, 20, 1.6448536269514722) == pytest.approx(low, abs=1e-9)
+
+
+def test_threshold_for_alpha_is_the_largest_valid_one():
+    threshold, rate = threshold_for_alpha(20, 1.645, 0.9, 0.05)
+    expands = [k for k in range(21) if wilson_lower_bound(k, 20, 1.645) < threshold]
+    assert expands == list(range(max(expands) + 1))
+    assert rate == pytest.approx(binomial_cdf(max(expands), 20, 0.9)) and rate <= 0.05
+    assert binomial_cdf(max(expands) + 1, 20, 0.9) > 0.05  # one more success count would break alpha
+    with pytest.raises(ValueError, match="alpha"):
+        threshold_for_alpha(20, 1.645, 0.9, 1e-30)
+
+
+def stationary_confidences(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    if kind == "router":  # a data-seeded slot memory on a stationary mixture of 3 clusters
+        memory = SlotMemory(D, num_slots=16, max_slots=16)
+        centres = rng.normal(0.0, 3.0, (3, D))
+        def draw(m):
+            return torch.tensor(centres[rng.integers(0, 3, m)] + rng.normal(0, 1.0, (m, D)), dtype=torch.float32)
+        with torch.no_grad():
+            for i, q in enumerate(memory.query(draw(16))):
+                memory.set_key(i, q)
+            return memory(draw(n)).confidence.numpy()
+    if kind == "skewed":  # most inputs well covered, a tail of less certain ones
+        return 1.0 - rng.exponential(0.05, n)
+    return rng.normal(0.5, 0.1, n)
+
+
+@pytest.mark.parametrize("kind", ["router", "skewed", "normal"])
+def test_false_expansion_rate_on_stationary_stream_is_at_most_alpha(kind):
+    alpha, n_tests = 0.05, 2000
+    test = ExpansionTest(4, alpha=alpha)
+    rng = np.random.default_rng(0)
+    for s in stationary_confidences(kind, n_tests * test.trials + test.window, rng):
+        test.observe(float(s))
+    assert test.tests >= 0.95 * n_tests
+    rate = test.expansions / test.tests
+    # The per-test bound from the binomial computation, and the measured rate, both <= alpha.
+    assert test.false_expansion_bound <= alpha
+    assert rate <= alpha, f"{kind}: {test.expansions} false expansions in {test.tests} tests"
+
+
+DETECTION_DELAY = 40  # = 2n trials: the block the shift falls in, plus the next one
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_abrupt_shift_expands_within_two_blocks(seed):
+    rng = np.random.default_rng(seed)
+    test = ExpansionTest(3)
+    start = int(rng.integers(300, 320))  # the shift lands anywhere within a block
+    for s in rng.normal(0.8, 0.05, start):
+        test.observe(float(s), torch.tensor([1.0, 0.0, 0.0]))
+    before = test.expansions
+    novel = torch.tensor([0.0, 1.0, 0.0])
+    for delay, s in enumerate(rng.normal(0.4, 0.05, DETECTION_DELAY), start=1):
+        if test.observe(float(s), novel):
+            break
+    assert test.expansions == before + 1, "no expansion within 2n trials of the shift"
+    assert delay <= DETECTION_DELAY
+    # The new key is the mean query of the block's low-confidence inputs: mostly post-shift ones.
+    assert float(test.new_key @ novel) > 0.8
+
+
+def test_sgse_state_round_trip_continues_identically():
+    rng = np.random.default_rng(1)
+    values = np.concatenate([rng.normal(0.8, 0.05, 137), rng.normal(0.3, 0.05, 200)])
+    a, b = ExpansionTest(2), ExpansionTest(2)
+    for s in values[:137]:
+        a.observe(float(s), torch.ones(2))
+    b.load_state(a.state())
+    b.pool.copy_(a.pool)
+    decisions = [(a.observe(float(s), torch.ones(2)), b.observe(float(s), torch.ones(2))) for s in values[137:]]
+    assert all(x == y for x, y in decisions) and any(x for x, _ in decisions)
+    assert a.state() == b.state()
+
+
+# ---- the method on the engine --------------------------------------------------------------------
+
+
+def test_slot_growth_is_bounded_by_novel_domains():
+    n_domains = 5
+    config = small_config()
+    model, result = fit(config, feature_stream(n_domains))
+    history = model.method.extra_state()["slot_history"]
+    final = model.method.memory.num_slots
+    # Each new domain is novel once: S_0 + N plus a margin of 2 for false expansions.
+    # (Domain 0 seeds the S_0 keys, so N = n_domains - 1 novel domains follow.)
+    assert config.num_slots + 1 <= final <= config.num_slots + (n_domains - 1) + 2, history
+    assert history[0] == [0, config.num_slots] and history[-1][1] == final
+    assert [n for _, n in history] == sorted(n for _, n in history)
+    assert result.accuracy_matrix[-1][-1] >= 0.5  # the newest domain is learnt (chance: 0.1)
+
+
+def test_no_sgse_ablation_keeps_slots_fixed():
+    model, _ = fit(small_config(use_sgse=False), feature_stream(2, train_per_class=20))
+    assert model.method.memory.num_slots == 4 and model.method.extra_state()["slot_history"] == [[0, 4]]
+
+
+def test_slot_cap_warns_and_stops_growing():
+    with pytest.warns(UserWarning, match="max_slots=5"):
+        model, _ = fit(small_config(max_slots=5), feature_stream(3))
+    assert model.method.memory.num_slots == 5
+    assert model.method.extra_state()["skipped_expansions"] >= 1
+
+
+def test_save_load_and_continue_equals_not_stopping(tmp_path):
+    stream = feature_stream(4)
+    config = small_config()
+    full_model, full = fit(config, stream, eval_every=4)
+    # Stop mid-task 2 (of 0..3); the run continues from the checkpoint in a new process-like object.
+    ckpt = tmp_path / "ckpt"
+    _, partial = fit(small_config(), stream, eval_every=4, checkpoint_dir=str(ckpt), checkpoint_every=4, stop_after_steps=21)
+    assert not partial.finished
+    resumed_model, resumed = fit(
+        small_config(), stream, eval_every=4, checkpoint_dir=str(ckpt), checkpoint_every=4, resume_from=ckpt
+    )
+    full_history = full_model.method.extra_state()["slot_history"]
+    assert any(step > 20 for step, _ in full_history[1:]), "the test needs an expansion after the stop"
+    assert resumed_model.method.extra_state() == full_model.method.extra_state()
+    assert resumed.accuracy_matrix == full.accuracy_matrix
+    torch.testing.assert_close(eval_logits(resumed_model, stream), eval_logits(full_model, stream), rtol=0, atol=0)
+    # save_pretrained / from_pretrained: the same slots, statistics and outputs.
+    full_model.save_pretrained(tmp_path / "adapter")
+    loaded = CLModel.from_pretrained(tiny_vit(), tmp_path / "adapter")
+    assert loaded.method.memory.num_slots == full_model.method.memory.num_slots
+    assert loaded.method.extra_state() == full_model.method.extra_state()
+    torch.testing.assert_close(loaded.method.memory.stat_sum, full_model.method.memory.stat_sum, rtol=0, atol=0)
+    torch.testing.assert_close(eval_logits(loaded, stream), eval_logits(full_model, stream), rtol=0, atol=0)
+
+
+# ---- DCDA stages -------------------------------------------------------------------------------------
+
+
+def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.named_parameters()}
+
+
+def changed(before: dict[str, torch.Tensor], module: torch.nn.Module) -> set[str]:
+    return {k for k, v in module.named_parameters() if not torch.equal(before[k], v)}
+
+
+def test_stage1_never_changes_head_and_stage2_never_changes_memory():
+    """The engine's step (one AdamW over everything), alternating every step, after both
+    groups have Adam momentum: the inactive group must not move at all."""
+    stream = feature_stream(2, train_per_class=10)
+    model, _ = fit(small_config(dcda_window=1), stream[:1])  # task 0 done: a teacher exists next
+    method = model.method
+    model.grow_head(4)  # as the engine does: grow, then on_task_start
+    method.on_task_start(model, stream[1], _ctx())
+    optimizer = torch.optim.AdamW(model.trainable_parameters(), lr=1e-2, weight_decay=0.1)
+    batches = [FeatureCollator()([stream[1].train[i] for i in range(j, j + 5)]) for j in range(0, 20, 5)]
+    model.train()
+    for batch in batches * 2:
+        stage = method.stage()
+        before_head, before_memory = snapshot(model.head), snapshot(method.memory)
+        logits = model(features=batch["features"])
+        loss = method.loss(model, batch, logits) + sum(method.extra_losses(model, batch, logits).values())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        method.after_step(model, batch, logits, _ctx())
+        if stage == 1:
+            assert not changed(before_head, model.head) and changed(before_memory, method.memory)
+        else:
+            assert not changed(before_memory, method.memory) and changed(before_head, model.head)
+    assert method.extra_state()["old_classes"] == 2
+
+
+def test_sequential_schedule_runs_stage1_then_stage2():
+    stream = feature_stream(1, train_per_class=20)
+    model = get_cl_model(tiny_vit(), small_config(dcda_schedule="sequential", stage1_fraction=0.25))
+    stages = []
+    original = model.method.after_step
+
+    def record(*args, **kwargs):
+        stages.append(model.method.stage())
+        original(*args, **kwargs)
+
+    model.method.after_step = record
+    fit(None, stream, model=model, epochs=2)  # offline: 2 epochs x 4 steps
+    # Recorded before the step's counters advance: the first 25% of the 80 samples is stage 1.
+    assert stages == [1, 1, 2, 2, 2, 2, 2, 2]
+
+
+def _ctx():
+    from hf_clroute.methods.base import StepContext
+
+    return StepContext(accelerator=None, task_id=1)
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [("num_slots", 0), ("max_slots", 2), ("tau_r", -1.0), ("alpha", 1.5), ("dcda_schedule", "both"),
+     ("key_init", "zeros"), ("lambda_smooth", -0.1), ("freeze_backbone", False)],
+)
+def test_config_rejects_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        MarsConfig(**{"num_slots": 4, "max_slots": 8, field: value})
+
+
+def test_config_needs_a_stage():
+    with pytest.raises(ValueError, match="use_stage1"):
+        MarsConfig(use_stage1=False, use_stage2=False)
+
+
+def test_defaults_are_the_papers():
+    c = MarsConfig()
+    assert (c.num_slots, c.tau_r, c.quantile_beta, c.quantile_window, c.quantile_eps) == (32, 0.07, 0.9, 10, 0.1)
+    assert (c.test_trials, c.wilson_z, c.lambda_smooth, c.distill_temperature) == (20, 1.645, 0.3, 3.0)
+    assert math.isclose(ExpansionTest(2).false_expansion_bound, binomial_cdf(15, 20, 0.9))

@@ -1,0 +1,193 @@
+"""QOA: weighted combination of support labels, resampled supports, buffer save/load, linear cost, engine run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import ViTModel
+
+from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
+from hf_clroute.backbones import tiny_vit_config
+from hf_clroute.data import ImageCollator, class_incremental, load_source
+from hf_clroute.engine import make_accelerator
+from hf_clroute.methods.base import StepContext
+from hf_clroute.methods.qoa import QoaConfig, QoaLearner, QueryOnlyAttention
+from hf_clroute.model import CLModel
+
+
+def tiny_vit(seed: int = 0) -> ViTModel:
+    torch.manual_seed(seed)
+    return ViTModel(tiny_vit_config())
+
+
+def support(n: int, dim: int = 6, classes: int = 4, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, classes, (n,), generator=g)
+    return torch.randn(n, dim, generator=g), F.one_hot(labels, classes).float()
+
+
+def test_prediction_is_a_convex_combination_of_support_labels():
+    torch.manual_seed(0)
+    qoa = QueryOnlyAttention(input_dim=6, label_dim=4, hidden_size=16, num_layers=2)
+    query = torch.randn(5, 6)
+    sx, sy = support(30)
+    weights = qoa.weights(qoa.scores(query, sx, sy))
+    assert (weights >= 0).all() and torch.allclose(weights.sum(-1), torch.ones(5))
+    prediction = qoa(query, sx, sy)
+    torch.testing.assert_close(prediction, weights @ sy)
+    assert torch.allclose(prediction.sum(-1), torch.ones(5))  # one-hot labels -> a probability vector
+    # A support set of one class can only predict that class, whatever the scores.
+    same = F.one_hot(torch.full((30,), 2), 4).float()
+    torch.testing.assert_close(qoa(query, sx, same), same[:5])
+    # Regression: the prediction lies inside the range of the support targets.
+    targets = torch.randn(30, 1)
+    out = QueryOnlyAttention(6, 1, 16)(query, sx, targets)
+    assert (out >= targets.min()).all() and (out <= targets.max()).all()
+
+
+def test_scorer_is_an_mlp_over_query_item_and_label():
+    torch.manual_seed(0)
+    qoa = QueryOnlyAttention(input_dim=6, label_dim=4, hidden_size=16, num_layers=2)
+    query = torch.randn(3, 6)
+    sx, sy = support(7)
+    # The same first layer as one Linear over the concatenation [x_t; x_j; y_j].
+    w = torch.cat([qoa.query_proj.weight, qoa.item_proj.weight, qoa.label_proj.weight], dim=1)
+    pairs = torch.cat([query[:, None].expand(3, 7, 6), sx[None].expand(3, 7, 6), sy[None].expand(3, 7, 4)], -1)
+    expected = qoa.score(qoa.body(pairs @ w.T + qoa.query_proj.bias)).squeeze(-1)
+    torch.testing.assert_close(qoa.scores(query, sx, sy), expected)
+
+
+def test_mean_normalisation_reads_raw_scores():
+    torch.manual_seed(0)
+    qoa = QueryOnlyAttention(6, 4, 16, normalization="mean")
+    query, (sx, sy) = torch.randn(2, 6), support(10)
+    torch.testing.assert_close(qoa(query, sx, sy), qoa.scores(query, sx, sy) / 10 @ sy)
+    assert not qoa.outputs_probabilities
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"support_size": 0}, "support_size"), ({"task": "ranking"}, "task"),
+     ({"score_normalization": "sparsemax"}, "score_normalization"), ({"eval_support_size": -1}, "eval_support_size"),
+     ({"freeze_backbone": False}, "freeze_backbone")],
+)
+def test_config_validation_names_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        QoaConfig(**kwargs)
+
+
+def filled_model(n: int = 40, seed: int = 0, **config) -> CLModel:
+    model = get_cl_model(tiny_vit(), QoaConfig(buffer_size=32, support_size=8, max_classes=4, seed=seed, **config))
+    method = model.method
+    method.num_classes = 4
+    g = torch.Generator().manual_seed(1)
+    for _ in range(n // 10):  # what the engine does after each step
+        method._last_features = torch.randn(10, 32, generator=g)
+        method.after_step(model, {"labels": torch.randint(0, 4, (10,), generator=g)}, None, StepContext(None, 0))
+    return model
+
+
+def test_support_set_is_resampled_every_training_forward():
+    model = filled_model()
+    method = model.method
+    seen = []
+    method.scorer.register_forward_hook(lambda mod, args, out: seen.append(args[1].clone()))
+    inputs = {"features": torch.randn(4, 32)}
+    model.train()
+    model(**inputs)
+    model(**inputs)  # same buffer state: the same (reproducible) support
+    method._last_features = torch.randn(10, 32)
+    method.after_step(model, {"labels": torch.randint(0, 4, (10,))}, None, StepContext(None, 0))
+    model(**inputs)  # one step later: a new draw
+    assert all(s.shape == (8, 32) for s in seen)
+    torch.testing.assert_close(seen[0], seen[1])
+    assert not torch.equal(seen[1], seen[2])
+    # The standalone learner draws a new support at every training step too.
+    learner = QoaLearner(QoaConfig(buffer_size=50, support_size=5, max_classes=4), input_dim=6)
+    draws = []
+    learner.predictor.register_forward_hook(lambda mod, args, out: draws.append(args[1].clone()))
+    learner.observe(*support(50)[:1], torch.randint(0, 4, (50,)))
+    for _ in range(3):
+        learner.training_loss(torch.randn(2, 6), torch.randint(0, 4, (2,)))
+    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
+
+
+def test_buffer_save_load_identity(tmp_path):
+    model = filled_model(n=60)  # 60 items through a 32-slot reservoir
+    model.eval()
+    inputs = {"pixel_values": torch.randn(3, 3, 16, 16)}
+    before = model(**inputs)
+    model.save_pretrained(tmp_path)
+    loaded = CLModel.from_pretrained(tiny_vit(), tmp_path)
+    loaded.eval()
+    assert loaded.method.buffer.num_seen == 60 and loaded.method.num_classes == 4
+    for name, tensor in model.method.buffer.contents().items():
+        assert torch.equal(loaded.method.buffer.contents()[name], tensor)
+    assert torch.equal(loaded(**inputs), before)
+
+
+def count_flops(module, *args) -> int:
+    with FlopCounterMode(display=False) as counter, torch.no_grad():
+        module(*args)
+    return counter.get_total_flops()
+
+
+def test_cost_is_linear_in_support_size():
+    torch.manual_seed(0)
+    qoa = QueryOnlyAttention(input_dim=6, label_dim=4, hidden_size=16, num_layers=3)
+    query = torch.randn(5, 6)
+    sizes = [16, 32, 64, 128, 256]
+    flops = [count_flops(qoa, query, *support(s)) for s in sizes]
+    per_item = (flops[1] - flops[0]) / (sizes[1] - sizes[0])
+    assert per_item > 0
+    # Exactly affine: f(S) = f(0) + per_item * S for every size (no |S|^2 term).
+    assert all(f == flops[0] + per_item * (s - sizes[0]) for s, f in zip(sizes, flops))
+    # Per support item: 5 queries x (16x16 hidden layers, the score) + the item/label projections.
+    assert per_item == 5 * (2 * 2 * 16 * 16 + 2 * 16 + 2 * 4) + 2 * 16 * (6 + 4)
+
+
+def test_qoa_head_through_the_engine_on_mnist():
+    stream = class_incremental(load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3],
+                               train_per_class=20, test_per_class=10, name="mnist")
+    config = TrainingConfig(batch_size=8, learning_rate=1e-3, progress=False)
+    model = get_cl_model(tiny_vit(), QoaConfig(buffer_size=64, support_size=16, hidden_size=16, max_classes=4))
+    cfg = tiny_vit_config()
+    trainer = ContinualTrainer(model, stream, config, ImageCollator(cfg.image_size, num_channels=cfg.num_channels),
+                               make_accelerator(config, cpu=True))
+    result = trainer.fit()
+    R = result.accuracy_matrix
+    assert len(R) == 2 and all(0.0 <= x <= 1.0 for row in R for x in row)
+    assert R[0][1] == 0.0  # task 1's classes are unknown after task 0
+    assert result.params["trainable_params"] == sum(p.numel() for p in model.method.scorer.parameters())
+    buffer = model.method.buffer
+    assert buffer.num_seen == 80 and len(buffer) == 64
+    assert set(buffer.contents()["labels"].tolist()) == {0, 1, 2, 3}
+    # The scorer was trained: its weights moved from their (seeded) initialisation.
+    fresh = get_cl_model(tiny_vit(), QoaConfig(buffer_size=64, support_size=16, hidden_size=16, max_classes=4))
+    assert not torch.equal(fresh.method.scorer.score.weight, model.method.scorer.score.weight)
+
+
+def test_plasticity_diagnostics_and_baselines():
+    from hf_clroute.bench_plasticity import ContinualBackprop, FullAttention, effective_rank
+
+    # Effective rank: n equal eigenvalues -> n; one direction -> 1.
+    assert effective_rank(torch.eye(5)) == pytest.approx(5.0)
+    v = torch.randn(5, 1)
+    assert effective_rank(v @ v.T) == pytest.approx(1.0, abs=1e-3)
+    # Full attention: a query sees the support and itself only, so other queries change nothing.
+    torch.manual_seed(0)
+    attention = FullAttention(6, 4, d_model=16, num_heads=2)
+    sx, sy = support(12)
+    q = torch.randn(3, 6)
+    alone = attention(q[:1], sx, sy)
+    torch.testing.assert_close(attention(q, sx, sy)[:1], alone)
+    # Continual backprop re-initialises mature units: zero outgoing weights, reset age.
+    cbp = ContinualBackprop(6, 4, False, 1e-3, hidden=8, layers=1, replacement_rate=0.5, maturity=2)
+    x, y = torch.randn(10, 6), torch.randint(0, 4, (10,))
+    for _ in range(4):
+        cbp.train_step(x, y, 0)
+    replaced = (cbp.age[0] == 0).nonzero().squeeze(1)  # replaced by the last step
+    assert len(replaced) == 2  # 4 mature units x rate 0.5
+    assert (cbp.linears[1].weight[:, replaced] == 0).all()
