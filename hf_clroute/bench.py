@@ -90,7 +90,13 @@ def summarize_result(result: StreamResult) -> dict[str, Any]:
 
 
 def run_bench(
-    suite: SuiteConfig, methods: list[str], seeds: list[int], out: Path, progress: bool = True, command: str | None = None
+    suite: SuiteConfig,
+    methods: list[str],
+    seeds: list[int],
+    out: Path,
+    progress: bool = True,
+    command: str | None = None,
+    merge: bool = False,
 ) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
@@ -120,15 +126,32 @@ def run_bench(
     results = {
         "suite": suite.name,
         "seeds": seeds,
-        "command": command,
+        "commands": [command],
         "config": {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"},
         "reference": {"bare_backbone": aggregate_runs(reference)},
         "methods": {m: {**aggregate_method(r), "features_cached": m in cached} for m, r in runs.items()},
     }
+    results = merge_previous(out / "results.json", results) if merge else results
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
     atomic_write_text(out / "results.md", results_markdown(results))
     write_plots(results, out / "plots")
     return results
+
+
+def merge_previous(path: Path, results: dict) -> dict:
+    """Add this invocation's methods to an earlier run of the same suite and seeds.
+
+    The stream is a pure function of (suite, seed), so methods run in separate
+    invocations saw identical data; their throughput was measured under whatever
+    load each invocation had, which the recorded commands make visible.
+    """
+    if not path.is_file():
+        return results
+    previous = json.loads(path.read_text())
+    if previous["suite"] != results["suite"] or previous["seeds"] != results["seeds"] or previous["config"] != results["config"]:
+        raise ValueError(f"{path} holds a different suite/seeds/config; use another --out or drop --merge")
+    methods = {**previous["methods"], **results["methods"]}
+    return {**results, "methods": methods, "commands": previous.get("commands", []) + results["commands"]}
 
 
 def aggregate_method(runs: list[dict[str, Any]]) -> dict[str, Any]:

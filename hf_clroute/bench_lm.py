@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from datasets import Dataset, DatasetDict
+from datasets import Dataset
 from transformers import GPT2LMHeadModel
 
 from .backbones import char_lm_config, get_blocks
@@ -48,6 +48,7 @@ from .data import CausalLMCollator, load_source, text_domains
 from .engine import ContinualTrainer, TrainingConfig, make_accelerator
 from .io import atomic_write_text
 from .metrics import mean_std
+from .model import get_cl_model
 from .methods.apn import ApnConfig, FfnFinetuneConfig, PatchFFN, patch_overlap
 from .baselines.finetune import FinetuneConfig
 from .suites import method_settings, read_suite_file
@@ -118,10 +119,15 @@ def windows(split: Dataset, size: int) -> Dataset:
 
 
 def build_stream(suite: CharLMSuite, seed: int) -> tuple[list, CharTokenizer]:
-    corpora = [
-        DatasetDict({s: windows(d[s], suite.block_size) for s in ("train", "test")}) for d in map(load_source, suite.domains)
+    """The domains' experiences for ``seed`` (chunks picked by ``text_domains``, then cut into
+    windows, training windows shuffled by the seed) and a tokenizer over their characters."""
+    stream = text_domains([load_source(d) for d in suite.domains], suite.domains,
+                          train_chars=suite.train_chars, test_chars=suite.test_chars, seed=seed)
+    stream = [
+        dataclasses.replace(e, train=windows(e.train, suite.block_size).shuffle(seed=seed).flatten_indices(),
+                            test=windows(e.test, suite.block_size))
+        for e in stream
     ]
-    stream = text_domains(corpora, suite.domains, train_chars=suite.train_chars, test_chars=suite.test_chars, seed=seed)
     texts = [t for e in stream for split in (e.train, e.test) for t in split["text"]]
     return stream, CharTokenizer.from_corpus(texts)
 
@@ -150,8 +156,6 @@ def param_counts(model: GPT2LMHeadModel) -> dict[str, int]:
 def run_variant(suite: CharLMSuite, variant: str, seed: int, stream: list, tokenizer: CharTokenizer, progress: bool) -> dict:
     torch.manual_seed(seed)  # the same initial attention/embedding weights for every variant of a seed
     backbone = GPT2LMHeadModel(char_lm_config(len(tokenizer), n_positions=suite.block_size, **suite.model))
-    from .model import get_cl_model
-
     model = get_cl_model(backbone, variant_config(suite, variant))
     training = TrainingConfig(**{**suite.training, "seed": seed, "progress": progress})
     started = time.perf_counter()
@@ -169,6 +173,8 @@ def run_variant(suite: CharLMSuite, variant: str, seed: int, stream: list, token
         "train_tokens_per_s": result.train_samples_per_s * suite.block_size,
         "infer_samples_per_s": result.infer_samples_per_s,
         "peak_mem_mb": result.peak_mem_mb,
+        "trainable_params": int(result.params["trainable_params"]),
+        "trainable_pct": float(result.params["trainable_pct"]),
         "wall_s": time.perf_counter() - started,
         **param_counts(backbone),
         **flops_per_token(backbone, suite.block_size),
@@ -193,7 +199,8 @@ def aggregate_variant(runs: list[dict]) -> dict[str, Any]:
         "adaptation": [_stat(runs, lambda r, t=t: r["adaptation"][t]) for t in range(T - 1)],
         "final_ppl": [_stat(runs, lambda r, d=d: r["ppl_matrix"][-1][d]) for d in range(T)],
         **{k: _stat(runs, lambda r, k=k: r[k]) for k in ("train_samples_per_s", "train_tokens_per_s", "infer_samples_per_s", "wall_s")},
-        **{k: runs[0][k] for k in ("params", "ffn_params", "ffn_flops_per_token", "model_flops_per_token")},
+        **{k: runs[0][k] for k in ("params", "ffn_params", "ffn_flops_per_token", "model_flops_per_token",
+                                    "trainable_params", "trainable_pct")},
         "peak_mem_mb": max(r["peak_mem_mb"] for r in runs),
         "per_seed": [{k: v for k, v in r.items() if k != "patch_usage"} for r in runs],
     }

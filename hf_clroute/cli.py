@@ -42,8 +42,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         command = (
             f"hf-clroute bench --suite {args.suite} --methods {','.join(methods)} "
             f"--seeds {','.join(map(str, args.seeds))}{' --quick' if args.quick else ''} --out {args.out}"
+            f"{' --merge' if args.merge else ''}"
         )
-        run_bench(suite, methods, args.seeds, out, progress=not args.no_progress, command=command)
+        run_bench(suite, methods, args.seeds, out, progress=not args.no_progress, command=command, merge=args.merge)
     print((out / "results.md").read_text())
     return 0
 
@@ -120,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="the suite's reduced version (CI, demo)")
     bench.add_argument("--out", required=True, help="directory for results.json and results.md")
     bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--merge", action="store_true", help="add these methods to an existing run in --out (same suite and seeds)")
     bench.set_defaults(func=cmd_bench)
 
     demo = sub.add_parser("demo", help="quick Split-MNIST: naive fine-tuning vs nearest-class-mean")

@@ -110,7 +110,9 @@ class CLModel(nn.Module):
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """Every tensor the adapter owns: all but the frozen, untouched backbone tensors."""
-        original = {id(t) for t in self._original_tensors}
+        # A method that trains the backbone may freeze parts of it for a while (APN's
+        # FFN-only adaptation): its weights still belong to the adapter.
+        original = set() if not self.config.freeze_backbone else {id(t) for t in self._original_tensors}
         keep = {n for n, p in self.named_parameters(remove_duplicate=False) if p.requires_grad or id(p) not in original}
         keep |= {n for n, b in self.named_buffers(remove_duplicate=False) if id(b) not in original}
         return {key: tensor for key, tensor in self.state_dict().items() if key in keep}

@@ -71,7 +71,7 @@ def feature_snr(x: torch.Tensor, y: torch.Tensor) -> float:
     return sum(ratios) / len(ratios) if ratios else 0.0
 
 
-def probe_task(model, experience: Experience, collator: Callable, train_limit: int = 500) -> dict[str, float]:
+def probe_task(model, experience: Experience, collator: Callable, train_limit: int = 300) -> dict[str, float]:
     """Linear-probe accuracy and SNR of the model's current features on one task."""
     x_train, y_train = model_features(model, experience.train, collator, limit=train_limit)
     x_test, y_test = model_features(model, experience.test, collator)

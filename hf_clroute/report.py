@@ -27,7 +27,7 @@ def write_benchmarks(results_root: Path, out: Path) -> Path:
     for results_file in sorted(results_root.glob("*/results.json")):
         results = json.loads(results_file.read_text())
         table = (results_file.parent / "results.md").read_text().split("\n", 1)[1].strip()
-        command = results.get("command") or "(command not recorded)"
+        command = "\n".join(c for c in results.get("commands", []) if c) or "(command not recorded)"
         plots = sorted((results_file.parent / "plots").glob("*.png"))
         links = " · ".join(f"[{p.stem}]({os.path.relpath(p.resolve(), out.resolve().parent)})" for p in plots)
         sections.append(

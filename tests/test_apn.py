@@ -227,3 +227,35 @@ def test_load_balance_term_reaches_the_engine_through_extra_losses():
     assert model.method.extra_losses(model, {}, None) == {}  # consumed once
     model.method.after_step(model, {}, None, StepContext(None, 0))
     assert model.method._pending.sum().item() == 2 * 2 * 8 * 2  # banks x tokens x top_k per bank
+
+
+def test_charlm_runner_end_to_end_on_a_tiny_suite(tmp_path):
+    import json
+
+    from hf_clroute.bench_lm import expand_variants, run
+
+    assert expand_variants(["apn", "dense-all"]) == ["apn-all", "apn-ffn", "dense-all"]
+    with pytest.raises(ValueError, match="variant"):
+        expand_variants(["lora-all"])
+    suite = {
+        "name": "charlm-domains", "runner": "hf_clroute.bench_lm:run", "domains": ["shakespeare", "kjv", "python_code"],
+        "model": {"n_layer": 1, "n_embd": 16, "n_head": 2}, "block_size": 32, "train_chars": 1500, "test_chars": 300,
+        "training": {"batch_size": 8, "learning_rate": 0.003}, "methods": ["dense-ffn", "apn-ffn"],
+    }
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(suite))
+    results = run(str(path), methods=None, seeds=[0], quick=False, out=tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["suite"] == "charlm-domains"
+    assert "apn-ffn" in (tmp_path / "out" / "results.md").read_text()
+    dense, apn = results["methods"]["dense-ffn"], results["methods"]["apn-ffn"]
+    for m in (dense, apn):
+        P = m["ppl_matrix"]
+        assert len(P) == 3 and all(len(row) == 3 and all(x > 1 for x in row) for row in P)
+        assert m["retention"]["mean"] == pytest.approx(P[1][0] / P[0][0])
+        assert [a["mean"] for a in m["adaptation"]] == pytest.approx([P[1][1], P[2][2]])
+    # dense GPT-2 MLP: 2 * 2 * d * 4d per token; APN bank: routing + code + top-k decoders
+    assert dense["ffn_flops_per_token"] == 16 * 16 * 16
+    assert apn["ffn_flops_per_token"] == 2 * (64 * 16 + 16 * 32 + 4 * 32 * 16) + 4 * 4 * 32
+    overlap = apn["patch_overlap"]["weighted_jaccard"]
+    assert len(overlap) == 3 and overlap[0][0] == pytest.approx(1.0)
+    assert results["throughput_ratio"]["ffn"] > 0

@@ -71,7 +71,7 @@ MEAN, STD = 0.5, 0.5
 # 4x4 grid (17 tokens with CLS): 3x fewer tokens than patch 4, so a wider and
 # deeper model fits the same budget; digits/clothes at 28x28 lose little.
 DEFAULTS: dict[str, Any] = {
-    "steps": 1200,  # ~0.16 s/step on 2 idle cores (~3.5 min); several times slower on busy shared cores
+    "steps": 600,  # ~0.16 s/step on 2 idle cores (~2 min); the cached backbones and all results use 600
     "batch_size": 128,  # labelled source images per step
     "target_batch_size": 128,  # unlabelled target images per step (x2 views)
     "lr": 1e-3,

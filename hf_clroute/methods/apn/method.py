@@ -127,7 +127,7 @@ class Apn(ContinualMethod):
 
     def before_evaluation(self, model: "CLModel", ctx: StepContext) -> None:
         # Every process counted its own shard; sum them (a collective: all processes call this).
-        pending = self._pending if self._pending is not None else torch.zeros_like(self.patch_usage[0])
+        pending = self._pending if self._pending is not None else self.patch_usage.new_zeros(self.patch_usage.shape[1:])
         if ctx.accelerator is not None and ctx.accelerator.num_processes > 1:
             pending = ctx.accelerator.reduce(pending.to(ctx.accelerator.device), "sum")
         if self.patch_usage.shape[0] > self._task:

@@ -59,7 +59,10 @@ class PatchFFN(nn.Module):
         # (K*r, d): rows i*r .. i*r+r-1 are D_i transposed.
         self.decoders = nn.Parameter(torch.empty(num_patches * rank, hidden_size))
         # "adapter" mode starts at zero so attaching leaves a pretrained model's outputs unchanged.
-        nn.init.zeros_(self.decoders) if zero_init else nn.init.normal_(self.decoders, std=rank**-0.5 / 4)
+        if zero_init:
+            nn.init.zeros_(self.decoders)
+        else:
+            nn.init.normal_(self.decoders, std=rank**-0.5 / 4)
         self.dropout = nn.Dropout(dropout)
         #: set by every forward in training mode: the load-balance term and the top-k counts
         self.aux_loss: torch.Tensor | None = None
