@@ -119,7 +119,7 @@ def run_bench(
             )
             row = summarize_result(result)
             row["wall_s"] = time.perf_counter() - started + (cache_s if use_cache else 0.0)
-            runs[method].append({"seed": seed, **row, "result": result, "params": result.params, "curves": model.method.curves()})
+            runs[method].append(seed_row(seed, result, row, model.method.curves()))
             if seed == seeds[0]:  # one adapter per method, for `hf-clroute push`
                 model.save_pretrained(out / "adapters" / method)
             print(f"[{suite.name}] seed {seed} {method}: A_T={row['A_T']:.3f} F_T={row['F_T']:.3f} ({row['wall_s']:.0f}s)")
@@ -128,7 +128,7 @@ def run_bench(
         "seeds": seeds,
         "commands": [command],
         "config": {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"},
-        "reference": {"bare_backbone": aggregate_runs(reference)},
+        "reference": {"bare_backbone": aggregate_runs(reference), "per_seed": reference},
         "methods": {m: {**aggregate_method(r), "features_cached": m in cached} for m, r in runs.items()},
     }
     results = merge_previous(out / "results.json", results) if merge else results
@@ -139,44 +139,71 @@ def run_bench(
 
 
 def merge_previous(path: Path, results: dict) -> dict:
-    """Add this invocation's methods to an earlier run of the same suite and seeds.
+    """Combine this invocation with an earlier run of the same suite in ``path``.
 
-    The stream is a pure function of (suite, seed), so methods run in separate
-    invocations saw identical data; their throughput was measured under whatever
-    load each invocation had, which the recorded commands make visible.
+    New methods are added; a method run for other seeds gets its seed rows joined
+    and re-aggregated (so seeds can run as parallel processes). The stream is a
+    pure function of (suite, seed), so every invocation saw identical data; the
+    recorded commands show how the results were produced.
     """
-    if not path.is_file():
-        return results
-    previous = json.loads(path.read_text())
-    if previous["suite"] != results["suite"] or previous["seeds"] != results["seeds"] or previous["config"] != results["config"]:
-        raise ValueError(f"{path} holds a different suite/seeds/config; use another --out or drop --merge")
-    methods = {**previous["methods"], **results["methods"]}
-    return {**results, "methods": methods, "commands": previous.get("commands", []) + results["commands"]}
+    return merge_results(json.loads(path.read_text()), results) if path.is_file() else results
 
 
-def aggregate_method(runs: list[dict[str, Any]]) -> dict[str, Any]:
+def merge_results(previous: dict, results: dict) -> dict:
+    if previous["suite"] != results["suite"] or previous["config"] != results["config"]:
+        raise ValueError("cannot merge runs of different suites or suite configs; use another --out or drop --merge")
+    methods = dict(previous["methods"])
+    for name, row in results["methods"].items():
+        old_rows = [r for r in methods.get(name, {}).get("per_seed", []) if r["seed"] not in results["seeds"]]
+        methods[name] = {**aggregate_method(old_rows + row["per_seed"]), "features_cached": row["features_cached"]}
+    reference = [r for r in previous.get("reference", {}).get("per_seed", [])] + results["reference"]["per_seed"]
+    return {
+        **results,
+        "seeds": sorted(set(previous["seeds"]) | set(results["seeds"])),
+        "methods": methods,
+        "reference": {"bare_backbone": aggregate_runs([r for r in reference if r]), "per_seed": reference},
+        "commands": previous.get("commands", []) + results["commands"],
+    }
+
+
+def merge_run_dirs(run_dirs: list[Path], out: Path) -> dict:
+    """One results.json/md (+ plots) from several bench runs of the same suite (e.g. one per seed)."""
+    merged = None
+    for run_dir in run_dirs:
+        results = json.loads((Path(run_dir) / "results.json").read_text())
+        merged = results if merged is None else merge_results(merged, results)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "results.json", json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(out / "results.md", results_markdown(merged))
+    write_plots(merged, out / "plots")
+    return merged
+
+
+def seed_row(seed: int, result: StreamResult, summary: dict[str, Any], curves: dict) -> dict[str, Any]:
+    """Everything one (method, seed) run contributes; aggregates are computed from these rows."""
+    return {
+        "seed": seed,
+        **summary,
+        "accuracy_matrix": result.accuracy_matrix,
+        "anytime": result.anytime,
+        "trainable_params": int(result.params["trainable_params"]),
+        "trainable_pct": float(result.params["trainable_pct"]),
+        "curves": curves,
+    }
+
+
+def aggregate_method(rows: list[dict[str, Any]]) -> dict[str, Any]:
     keys = METRIC_KEYS + PROBE_KEYS + ("train_samples_per_s", "infer_samples_per_s", "wall_s")
-    agg = aggregate_runs([{k: r.get(k) for k in keys} for r in runs])
-    matrices = np.array([r["result"].accuracy_matrix for r in runs])
-    params = runs[0]["params"]
+    agg = aggregate_runs([{k: r.get(k) for k in keys} for r in rows])
+    rows = sorted(rows, key=lambda r: r["seed"])
     return {
         **{k: agg.get(k) for k in keys},
-        "curves": runs[0]["curves"],
-        "trainable_params": int(params["trainable_params"]),
-        "trainable_pct": float(params["trainable_pct"]),
-        "peak_mem_mb": float(max(r["peak_mem_mb"] for r in runs)),
-        "accuracy_matrix": matrices.mean(axis=0).round(4).tolist(),
-        "per_seed": [
-            {
-                "seed": r["seed"],
-                **{k: r.get(k) for k in METRIC_KEYS + PROBE_KEYS},
-                "shallow_forgetting_per_task": r.get("shallow_forgetting_per_task"),
-                "deep_forgetting_per_task": r.get("deep_forgetting_per_task"),
-                "accuracy_matrix": r["result"].accuracy_matrix,
-                "anytime": r["result"].anytime,
-            }
-            for r in runs
-        ],
+        "curves": rows[0]["curves"],
+        "trainable_params": rows[0]["trainable_params"],
+        "trainable_pct": rows[0]["trainable_pct"],
+        "peak_mem_mb": float(max(r["peak_mem_mb"] for r in rows)),
+        "accuracy_matrix": np.mean([r["accuracy_matrix"] for r in rows], axis=0).round(4).tolist(),
+        "per_seed": rows,
     }
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from .suites import method_description
+
 TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "adapter_card.md"
 
 #: results.json key -> (model-index metric type, readable name)
@@ -70,7 +72,7 @@ def build_card(results: dict[str, Any], method: str, repo_id: str, adapter_confi
         model_name=repo_id,
         repo_id=repo_id,
         method=method,
-        method_description=results.get("method_descriptions", {}).get(method, ""),
+        method_description=method_description(method),
         base_model=base_model,
         suite=results["suite"],
         suite_description=config.get("description", ""),

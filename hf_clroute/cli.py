@@ -49,6 +49,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_merge(args: argparse.Namespace) -> int:
+    from .bench import merge_run_dirs
+
+    merge_run_dirs([Path(d) for d in args.run_dirs], Path(args.out))
+    print((Path(args.out) / "results.md").read_text())
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     args.suite, args.quick, args.methods, args.seeds = "split-mnist", True, ["finetune", "ncm"], [0]
     return cmd_bench(args)
@@ -123,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-progress", action="store_true")
     bench.add_argument("--merge", action="store_true", help="add these methods to an existing run in --out (same suite and seeds)")
     bench.set_defaults(func=cmd_bench)
+
+    merge = sub.add_parser("merge", help="combine bench runs of one suite (e.g. seeds run in parallel) into one")
+    merge.add_argument("run_dirs", nargs="+")
+    merge.add_argument("--out", required=True)
+    merge.set_defaults(func=cmd_merge)
 
     demo = sub.add_parser("demo", help="quick Split-MNIST: naive fine-tuning vs nearest-class-mean")
     demo.add_argument("--out", default="runs/demo")

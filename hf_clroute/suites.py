@@ -103,6 +103,12 @@ def method_settings(method: str, suite: str) -> dict[str, dict[str, Any]]:
     }
 
 
+def method_description(method: str) -> str:
+    """The one-line description in ``configs/methods/<method>.json`` ("" if none)."""
+    path = CONFIG_ROOT / "methods" / f"{method}.json"
+    return json.loads(path.read_text()).get("description", "") if path.is_file() else ""
+
+
 def read_suite_file(name_or_path: str) -> tuple[Path, dict[str, Any]]:
     path = Path(name_or_path)
     if not path.is_file():

@@ -58,3 +58,16 @@ def test_builtin_suites_load_and_bad_suites_are_named(tmp_path):
     with pytest.raises(ValueError, match="n_taks"):
         SuiteConfig.load(str(bad))
     assert main(["bench", "--suite", str(bad), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_merge_joins_seeds_run_as_separate_invocations(tiny_suite, tmp_path):
+    out = tmp_path / "merged"
+    base = ["bench", "--suite", str(tiny_suite), "--methods", "ncm", "--out", str(out), "--no-progress", "--merge"]
+    assert main([*base, "--seeds", "0"]) == 0
+    assert main([*base, "--seeds", "1"]) == 0
+    merged = json.loads((out / "results.json").read_text())
+    assert merged["seeds"] == [0, 1] and len(merged["commands"]) == 2
+    rows = merged["methods"]["ncm"]["per_seed"]
+    assert [r["seed"] for r in rows] == [0, 1]
+    expected = sum(r["A_T"] for r in rows) / 2
+    assert merged["methods"]["ncm"]["A_T"]["mean"] == pytest.approx(expected)
