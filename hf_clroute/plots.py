@@ -38,14 +38,18 @@ def accuracy_heatmap(name: str, matrix: list[list[float]], path: Path) -> Path:
 
 
 def _lines(results: dict[str, Any], ylabel: str, title: str, path: Path, series) -> Path:
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for method, row in results["methods"].items():
-        xs, ys = series(row)
+    methods = sorted(results["methods"])
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    # tab20 + alternating line styles: up to 20 methods stay distinguishable.
+    colors = plt.cm.tab20(np.linspace(0, 1, 20))
+    for i, method in enumerate(methods):
+        xs, ys = series(results["methods"][method])
         if len(xs):
-            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=method)
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, label=method,
+                    color=colors[i % 20], linestyle=("-", "--")[i % 2])
     ax.set(xlabel=ylabel[0], ylabel=ylabel[1], title=title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 
