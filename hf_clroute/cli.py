@@ -32,21 +32,33 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     out = Path(args.out)
     runner = suite_runner(args.suite)
+    command = (
+        f"hf-clroute bench --suite {args.suite}{' --methods ' + ','.join(args.methods) if args.methods else ''} "
+        f"--seeds {','.join(map(str, args.seeds))}{' --quick' if args.quick else ''} --out {args.out}"
+        f"{' --merge' if args.merge else ''}"
+    )
     if runner is not None:  # suites with their own runner (language-model domains, plasticity)
         runner(args.suite, methods=args.methods, seeds=args.seeds, quick=args.quick, out=out)
+        record_command(out / "results.json", command)
     else:
         suite = SuiteConfig.load(args.suite)
         if args.quick:
             suite = suite.quick_version()
         methods = args.methods or suite.method_names()
-        command = (
-            f"hf-clroute bench --suite {args.suite} --methods {','.join(methods)} "
-            f"--seeds {','.join(map(str, args.seeds))}{' --quick' if args.quick else ''} --out {args.out}"
-            f"{' --merge' if args.merge else ''}"
-        )
         run_bench(suite, methods, args.seeds, out, progress=not args.no_progress, command=command, merge=args.merge)
     print((out / "results.md").read_text())
     return 0
+
+
+def record_command(results_file: Path, command: str) -> None:
+    """Note the command in a runner's results.json, so BENCHMARKS.md can say how to reproduce it."""
+    import json
+
+    from .io import atomic_write_text
+
+    results = json.loads(results_file.read_text())
+    results["commands"] = [command]
+    atomic_write_text(results_file, json.dumps(results, indent=2, sort_keys=True) + "\n")
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
