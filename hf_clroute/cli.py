@@ -50,21 +50,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def record_command(results_file: Path, command: str) -> None:
-    """Note the command in a runner's results.json, so BENCHMARKS.md can say how to reproduce it."""
+def record_command(results_file: Path, *commands: str) -> None:
+    """Note the command(s) in results.json, so BENCHMARKS.md can say how to reproduce it."""
     import json
 
     from .io import atomic_write_text
 
     results = json.loads(results_file.read_text())
-    results["commands"] = [command]
+    results["commands"] = list(commands)
     atomic_write_text(results_file, json.dumps(results, indent=2, sort_keys=True) + "\n")
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from .bench import merge_run_dirs
 
-    merge_run_dirs([Path(d) for d in args.run_dirs], Path(args.out))
+    merged = merge_run_dirs([Path(d) for d in args.run_dirs], Path(args.out))
+    command = f"hf-clroute merge {' '.join(args.run_dirs)} --out {args.out}"
+    record_command(Path(args.out) / "results.json", *merged.get("commands", []), command)
     print((Path(args.out) / "results.md").read_text())
     return 0
 

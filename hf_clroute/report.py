@@ -39,5 +39,29 @@ def write_benchmarks(results_root: Path, out: Path) -> Path:
         sections.append(
             f"## {results['suite']}\n\n```bash\n{command}\n```\n\n{table}\n" + (f"\nPlots: {links}\n" if links else "")
         )
-    atomic_write_text(out, HEADER + "\n".join(sections))
+    atomic_write_text(out, HEADER + summary_table(results_root) + "\n".join(sections))
     return out
+
+
+def summary_table(results_root: Path) -> str:
+    """A_T (mean ± std, %) of every method on every classification suite, side by side."""
+    suites = {}
+    for results_file in sorted(results_root.glob("*/results.json")):
+        results = json.loads(results_file.read_text())
+        if "reference" in results:
+            suites[results["suite"]] = results["methods"]
+    if not suites:
+        return ""
+    methods = sorted({m for rows in suites.values() for m in rows})
+    lines = [
+        "## Summary: final average accuracy A_T (%) on the classification suites\n",
+        "| method | " + " | ".join(suites) + " |",
+        "|---|" + "---|" * len(suites),
+    ]
+    for method in methods:
+        cells = []
+        for rows in suites.values():
+            stat = rows.get(method, {}).get("A_T")
+            cells.append(f"{stat['mean'] * 100:.1f} ± {stat['std'] * 100:.1f}" if stat else "—")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n"
