@@ -24,7 +24,7 @@ and linear-probe accuracy on the target stream's test set (probes fitted on its
 training set; evaluation only).
 
     python training/pretrain_vit.py --recipe vit-mnist-stream --out ~/.cache/hf_clroute/models/vit-mnist-stream
-    accelerate launch training/pretrain_vit.py --recipe vit-fashion-stream --out /tmp/vit-fashion
+    accelerate launch training/pretrain_vit.py --recipe vit-fashion-stream --out runs/vit-fashion
 
 ``hf_clroute.pretrained.pretrained_vit_path(recipe)`` runs :func:`training_function`
 in-process and caches the result.

@@ -43,7 +43,7 @@ Behaviour choices that mirror the Hub (and why):
 
 Run by hand::
 
-    python -m hf_clroute.testing.hub_server --root /tmp/hub --port 8765
+    python -m hf_clroute.testing.hub_server --root runs/hub --port 8765
     # then, in the client's shell, BEFORE importing huggingface_hub:
     export HF_ENDPOINT=http://127.0.0.1:8765 HF_HUB_DISABLE_XET=1 HF_TOKEN=<anything>
 
