@@ -15,11 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
 from peft import LoraConfig, inject_adapter_in_model
 
 from ..config import CLConfig
-from ..methods.base import ContinualMethod
+from ..methods.base import ContinualMethod, seeded_init
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model import CLModel
@@ -64,6 +63,5 @@ class LoraBaseline(ContinualMethod):
         )
         # LoRA's A matrices start random: seed them so a run does not depend on
         # whatever the global RNG holds when the model is built.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.head_init_seed)
+        with seeded_init(cfg.head_init_seed):
             inject_adapter_in_model(peft_config, model.backbone)

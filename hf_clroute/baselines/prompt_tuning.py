@@ -27,7 +27,7 @@ from peft import PromptTuningConfig, get_peft_model
 
 from ..backbones import pooled_features
 from ..config import CLConfig
-from ..methods.base import ContinualMethod
+from ..methods.base import ContinualMethod, seeded_init
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model import CLModel
@@ -71,8 +71,7 @@ class PromptTuningBaseline(ContinualMethod):
             num_virtual_tokens=cfg.num_virtual_tokens,
             prompt_tuning_init=cfg.prompt_tuning_init,
         )
-        with torch.random.fork_rng(devices=[]):  # a seeded prompt init, independent of the global RNG
-            torch.manual_seed(cfg.head_init_seed)
+        with seeded_init(cfg.head_init_seed):
             peft_model = get_peft_model(model.backbone, peft_config)
         # The PeftModel wraps the very backbone CLModel already holds: keep it out of
         # the module tree (else every backbone tensor would appear twice) and register

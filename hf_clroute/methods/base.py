@@ -13,8 +13,9 @@ evaluation) -> ``on_task_end``.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from ..data.streams import Experience
     from ..model import CLModel
+
+
+@contextmanager
+def seeded_init(seed: int) -> Iterator[None]:
+    """Draw a module's initial weights from ``seed`` without moving the global RNG stream,
+    so adding a method never changes the data order or dropout of the rest of the run."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
 
 
 @dataclass

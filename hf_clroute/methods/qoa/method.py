@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ...replay_buffer import ReservoirBuffer
-from ..base import ContinualMethod, StepContext
+from ..base import ContinualMethod, StepContext, seeded_init
 from .config import QoaConfig
 from .head import QueryOnlyAttention, classification_log_probs, support_generator
 
@@ -46,8 +46,7 @@ class Qoa(ContinualMethod):
 
     def attach(self, model: "CLModel") -> None:
         # The scorer's init depends on the config's seed only, and leaves the global RNG as it was.
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.config.seed)
+        with seeded_init(self.config.seed):
             self.scorer = QueryOnlyAttention.from_config(self.config, model.spec.hidden_size(model.backbone))
 
     def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
