@@ -335,8 +335,12 @@ class ContinualTrainer:
         self.model.method.before_evaluation(self.model, ctx)
         final = root / f"ckpt-{self.result.global_step:08d}"
         tmp = root / f".tmp-{final.name}"
-        if acc.is_main_process and tmp.exists():
-            shutil.rmtree(tmp)
+        if acc.is_main_process:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            # Every process writes its RNG state into this directory: it must exist
+            # before the barrier, or a fast rank races the main process creating it.
+            (tmp / "accelerate").mkdir(parents=True)
         acc.wait_for_everyone()
         acc.save_state(str(tmp / "accelerate"))
         if acc.is_main_process:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -119,8 +120,12 @@ def test_two_process_accelerate_run_matches_one_process(tmp_path, method):
     one, two = tmp_path / "one", tmp_path / "two"
     subprocess.run([sys.executable, script, "--config", str(_write_run_config(tmp_path, backbone_dir, method, one))],
                    check=True, env=env, cwd=REPO)
+    # A fresh rendezvous port per launch: back-to-back runs on the default port can collide.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port]
     subprocess.run([*launch, script, "--config", str(_write_run_config(tmp_path, backbone_dir, method, two))],
                    check=True, env=env, cwd=REPO)
     r1, r2 = (json.loads((d / "result.json").read_text()) for d in (one, two))
