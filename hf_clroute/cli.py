@@ -72,7 +72,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    args.suite, args.quick, args.methods, args.seeds = "split-mnist", True, ["finetune", "ncm"], [0]
+    args.suite, args.quick, args.methods, args.seeds, args.merge = "split-mnist", True, ["finetune", "ncm"], [0], False
     return cmd_bench(args)
 
 

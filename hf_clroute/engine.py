@@ -365,11 +365,7 @@ class ContinualTrainer:
         if not state_file.is_file():
             raise FileNotFoundError(f"no checkpoint at {resume_from} (expected {STATE_NAME} or a 'latest' pointer)")
         state = json.loads(state_file.read_text())
-        from .model import read_adapter_weights, WEIGHTS_NAME
-
-        tensors, metadata = read_adapter_weights(path / "adapter" / WEIGHTS_NAME)
-        self.model.load_extra_state(json.loads(metadata.get("hf_clroute.state", "{}")))
-        self.model.load_adapter_state_dict({k: v.to(self.accelerator.device) for k, v in tensors.items()}, source=str(path))
+        self.model.load_adapter_weights(path / "adapter", source=str(path))
         for key in RESUMABLE_FIELDS:
             setattr(self.result, key, state[key])
         self.timer.samples, self.timer.seconds = state["eval_samples"], state["eval_seconds"]

@@ -151,11 +151,17 @@ class CLModel(nn.Module):
         directory = resolve_pretrained_dir(path_or_repo_id, **hub_kwargs)
         refuse_pickles(directory, WEIGHTS_NAME)
         config = CLConfig.from_pretrained(directory)
-        tensors, metadata = read_adapter_weights(directory / WEIGHTS_NAME)
         model = cls(backbone, config)
-        model.load_extra_state(json.loads(metadata.get(_STATE_KEY, "{}")))
-        model.load_adapter_state_dict(tensors, source=str(path_or_repo_id))
+        model.load_adapter_weights(directory, source=str(path_or_repo_id))
         return model
+
+    def load_adapter_weights(self, directory: str | os.PathLike, source: str | None = None) -> None:
+        """Restore a saved adapter's state into this model: non-tensor state first (so grown
+        heads/slots are resized), then the tensors. Used by from_pretrained and by resume."""
+        tensors, metadata = read_adapter_weights(Path(directory) / WEIGHTS_NAME)
+        self.load_extra_state(json.loads(metadata.get(_STATE_KEY, "{}")))
+        device = next(self.parameters()).device
+        self.load_adapter_state_dict({k: v.to(device) for k, v in tensors.items()}, source=source or str(directory))
 
     def load_adapter_state_dict(self, tensors: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         expected = self.adapter_state_dict()
