@@ -343,6 +343,8 @@ class ContinualTrainer:
             (tmp / "accelerate").mkdir(parents=True)
         acc.wait_for_everyone()
         acc.save_state(str(tmp / "accelerate"))
+        # Every rank writes its own RNG file: wait for all before the directory is renamed.
+        acc.wait_for_everyone()
         if acc.is_main_process:
             self.model.save_pretrained(tmp / "adapter")
             state = {"next_task": next_task, "step_in_task": self._step_in_task, **self._result_state()}
