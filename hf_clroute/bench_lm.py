@@ -51,7 +51,7 @@ from .metrics import mean_std
 from .model import get_cl_model
 from .methods.apn import ApnConfig, FfnFinetuneConfig, PatchFFN, patch_overlap
 from .baselines.finetune import FinetuneConfig
-from .suites import method_settings, read_suite_file
+from .suites import merge_seed_runs, method_settings, read_suite_file
 
 ARCHITECTURES = ("dense", "apn")
 ADAPTATIONS = ("all", "ffn")
@@ -229,23 +229,29 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
             print(f"[{suite.name}] seed {seed} {variant}: PPL_A {row['ppl_matrix'][0][0]:.2f} -> "
                   f"{row['ppl_matrix'][1][0]:.2f} after B (retention {row['retention']:.2f}), "
                   f"new-domain PPL {', '.join(f'{x:.2f}' for x in row['adaptation'])} ({row['wall_s']:.0f}s)", flush=True)
-    results = {
-        "suite": suite.name,
-        "seeds": seeds,
-        "quick": quick,
-        "config": {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"}
-        | {"apn": method_settings("apn", suite.name)["config"]},
-        "methods": {v: aggregate_variant(r) for v, r in runs.items()},
-    }
+    config = {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"}
+    return write_results({"suite": suite.name, "seeds": seeds, "quick": quick,
+                          "config": config | {"apn": method_settings("apn", suite.name)["config"]}}, runs, out)
+
+
+def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
+    """Aggregate per-seed rows into ``out/results.json`` and ``out/results.md``."""
+    methods = {v: aggregate_variant(r) for v, r in runs.items()}
+    results = {**header, "methods": methods}
     results["throughput_ratio"] = {
-        adapt: results["methods"][f"apn-{adapt}"]["train_samples_per_s"]["mean"]
-        / results["methods"][f"dense-{adapt}"]["train_samples_per_s"]["mean"]
+        adapt: methods[f"apn-{adapt}"]["train_samples_per_s"]["mean"] / methods[f"dense-{adapt}"]["train_samples_per_s"]["mean"]
         for adapt in ADAPTATIONS
-        if f"apn-{adapt}" in results["methods"] and f"dense-{adapt}" in results["methods"]
+        if f"apn-{adapt}" in methods and f"dense-{adapt}" in methods
     }
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
     atomic_write_text(out / "results.md", results_markdown(results))
     return results
+
+
+def merge_run_dirs(run_dirs: list[Path], out: Path) -> dict:
+    """``hf-clroute merge``: one table from runs of this suite (e.g. one process per seed)."""
+    return merge_seed_runs(run_dirs, out, write_results)
 
 
 # ------------------------------------------------------------------ report

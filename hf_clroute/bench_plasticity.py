@@ -46,7 +46,7 @@ from torch.func import functional_call, hessian
 from .io import atomic_write_text
 from .methods.qoa import QoaConfig, QoaLearner, QueryOnlyAttention
 from .metrics import mean_std
-from .suites import read_suite_file
+from .suites import merge_seed_runs, read_suite_file
 
 ALL_METHODS = ("qoa", "full_attention", "backprop", "cbp")
 
@@ -288,7 +288,8 @@ def build_learner(method: str, suite: PlasticitySuite, input_dim: int, seed: int
 
 def effective_rank(matrix: torch.Tensor) -> float:
     """exp(entropy) of the normalised absolute eigenvalues of a symmetric matrix."""
-    eig = torch.linalg.eigvalsh((matrix + matrix.T) / 2).abs().double()
+    # float64: LAPACK's float32 eigensolver returns NaNs on some of these ~1000x1000 Hessians.
+    eig = torch.linalg.eigvalsh(((matrix + matrix.T) / 2).double()).abs()
     if eig.sum() <= 0:
         return 0.0
     p = eig / eig.sum()
@@ -436,20 +437,31 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
             r = runs[method][-1]
             print(f"[{suite.name}] seed {seed} {method}: first {r['first_window']:.4f} last {r['last_window']:.4f} "
                   f"erank {r['erank_first']:.1f}->{r['erank_last']:.1f} ({r['wall_s']:.0f}s)", flush=True)
-    input_dim = tasks[0].x_train.shape[1]
+    header = {"suite": suite.name, "seeds": list(seeds), "quick": quick,
+              "config": {k: v for k, v in suite.__dict__.items() if k != "quick"}}
+    return write_results(header, runs, out)
+
+
+def write_results(header: dict, runs: dict[str, list[dict[str, Any]]], out: Path) -> dict:
+    """Aggregate per-seed rows (+ the cost-vs-support count) into ``out``'s results.json/md and plot."""
+    suite = PlasticitySuite(**header["config"])
+    input_dim = suite.n_bits if suite.regression else suite.image_size**2
     results = {
-        "suite": suite.name,
-        "seeds": list(seeds),
-        "quick": quick,
-        "config": {k: v for k, v in suite.__dict__.items() if k != "quick"},
+        **header,
         "metric": "mse" if suite.regression else "accuracy",
         "methods": {m: aggregate(r) for m, r in runs.items()},
         "cost_vs_support": cost_versus_support(input_dim, 1 if suite.regression else 10, suite),
     }
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "results.json", json.dumps(results, indent=1, sort_keys=True) + "\n")
     plot(results, out / "plasticity.png")
     atomic_write_text(out / "results.md", results_markdown(results))
     return results
+
+
+def merge_run_dirs(run_dirs: list[Path], out: Path) -> dict:
+    """``hf-clroute merge``: one table from runs of this suite (e.g. methods or seeds in parallel)."""
+    return merge_seed_runs(run_dirs, out, write_results)
 
 
 def _fmt(stat: dict[str, float] | None, scale: float, digits: int) -> str:

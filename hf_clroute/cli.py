@@ -62,9 +62,16 @@ def record_command(results_file: Path, *commands: str) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
+    import importlib
+    import json
+
     from .bench import merge_run_dirs
 
-    merged = merge_run_dirs([Path(d) for d in args.run_dirs], Path(args.out))
+    run_dirs = [Path(d) for d in args.run_dirs]
+    runner = json.loads((run_dirs[0] / "results.json").read_text())["config"].get("runner")
+    if runner:  # a suite with its own runner merges its own results
+        merge_run_dirs = importlib.import_module(runner.partition(":")[0]).merge_run_dirs
+    merged = merge_run_dirs(run_dirs, Path(args.out))
     command = f"hf-clroute merge {' '.join(args.run_dirs)} --out {args.out}"
     record_command(Path(args.out) / "results.json", *merged.get("commands", []), command)
     print((Path(args.out) / "results.md").read_text())

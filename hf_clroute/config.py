@@ -43,6 +43,15 @@ class CLConfig:
         default=True,
         metadata={"help": "Freeze every original backbone parameter (methods that train the backbone set False)."},
     )
+    current_task_loss: bool = field(
+        default=False,
+        metadata={
+            "help": "Class-IL: cross-entropy over the current task's classes (plus any class in the batch, e.g. "
+            "replayed ones) instead of every class seen so far, so new samples do not push old classes' head rows "
+            "down (the L2P/CODA-Prompt convention). Honoured by every method that keeps the default loss; "
+            "prediction always uses every seen class."
+        },
+    )
 
     SCENARIOS: ClassVar[tuple[str, ...]] = ("class", "domain", "task")
 

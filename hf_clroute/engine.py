@@ -205,7 +205,7 @@ class ContinualTrainer:
             model.grow_head(max(max(e.classes) for e in self.stream) + 1)
         elif experience.classes:
             model.grow_head(max(experience.classes) + 1)
-        model.method.on_task_start(model, experience, ctx)
+        model.method.begin_task(model, experience, ctx)
 
         trainable = model.trainable_parameters()
         data = model.method.training_stream(experience, self.stream[: task_id + 1], cfg.epochs)

@@ -70,7 +70,7 @@ class SuiteConfig:
         return cls(**data)
 
     def quick_version(self) -> "SuiteConfig":
-        return dataclasses.replace(self, **self.quick, quick={})
+        return dataclasses.replace(self, **{**deep_merge(dataclasses.asdict(self), self.quick), "quick": {}})
 
     def method_names(self) -> list[str]:
         return list(self.methods)
@@ -91,15 +91,18 @@ def method_settings(method: str, suite: str) -> dict[str, dict[str, Any]]:
     ``configs/methods/<name>.json`` holds ``config`` and ``training`` defaults and
     per-suite overrides under ``suites``; a method without a file gets its defaults.
     A variant (an ablation, say ``mars-no-sgse``) is a file whose ``method`` field
-    names the registered method it configures.
+    names the registered method it configures; it starts from that method's own
+    settings and changes only what it lists.
     """
     path = CONFIG_ROOT / "methods" / f"{method}.json"
     data = json.loads(path.read_text()) if path.is_file() else {}
+    registered = data.get("method", method)
+    settings = method_settings(registered, suite) if registered != method else {"config": {}, "training": {}}
     per_suite = data.get("suites", {}).get(suite, {})
     return {
-        "method": data.get("method", method),
-        "config": {**data.get("config", {}), **per_suite.get("config", {})},
-        "training": {**data.get("training", {}), **per_suite.get("training", {})},
+        "method": registered,
+        "config": {**settings["config"], **data.get("config", {}), **per_suite.get("config", {})},
+        "training": {**settings["training"], **data.get("training", {}), **per_suite.get("training", {})},
     }
 
 
@@ -109,23 +112,42 @@ def method_description(method: str) -> str:
     return json.loads(path.read_text()).get("description", "") if path.is_file() else ""
 
 
-def read_suite_file(name_or_path: str) -> tuple[Path, dict[str, Any]]:
+def read_suite_file(name_or_path: str, _chain: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any]]:
+    """A suite file's fields. A file with ``"base": "<suite>"`` is that suite with its own
+    fields on top (nested ``training`` and ``quick`` merged key by key), so a study such as
+    "split-mnist at 20% of the data" is a three-line file, not a copy."""
     path = Path(name_or_path)
     if not path.is_file():
         path = CONFIG_ROOT / "suites" / f"{name_or_path}.json"
     if not path.is_file():
         raise ValueError(f"unknown suite {name_or_path!r}; built-in suites: {builtin_suites()}")
     try:
-        return path, json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"suite file {path} is not valid JSON: {err}") from err
+    base = data.pop("base", None)
+    if base is None:
+        return path, data
+    if base in _chain:
+        raise ValueError(f"suite file {path}: 'base' chain loops back to {base!r}")
+    _, inherited = read_suite_file(base, _chain + (base,))
+    return path, deep_merge(inherited, data)
+
+
+def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``changes`` on top; nested dicts (``training``, ``quick``) merge key by key."""
+    merged = dict(base)
+    for key, value in changes.items():
+        merged[key] = deep_merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+    return merged
 
 
 def suite_runner(name_or_path: str) -> Callable | None:
     """The ``runner`` a suite file names ("package.module:function"), or None for classification.
 
     Such a runner is called as ``runner(name_or_path, methods=..., seeds=..., quick=..., out=...)``
-    and must write ``out/results.json`` and ``out/results.md``.
+    and must write ``out/results.json`` and ``out/results.md``. Its module may define
+    ``merge_run_dirs(run_dirs, out)`` so ``hf-clroute merge`` can join its runs.
     """
     import importlib
 
@@ -134,6 +156,33 @@ def suite_runner(name_or_path: str) -> Callable | None:
         return None
     module, _, function = data["runner"].partition(":")
     return getattr(importlib.import_module(module), function)
+
+
+def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[dict, dict, Path], dict]) -> dict:
+    """Join the per-seed rows of several runs of one runner suite and re-aggregate them.
+
+    Runs must share the suite and its config (the stream is a function of suite and
+    seed, so each invocation saw identical data); a later run's row replaces an
+    earlier one for the same method and seed. ``write_results(header, rows_by_method, out)``
+    is the runner's own aggregation and report.
+    """
+    results = [json.loads((Path(d) / "results.json").read_text()) for d in run_dirs]
+    first = results[0]
+    rows: dict[str, dict[int, dict[str, Any]]] = {}
+    for run in results:
+        if run["suite"] != first["suite"] or run["config"] != first["config"]:
+            raise ValueError(f"cannot merge runs of different suites or suite configs ({first['suite']} vs {run['suite']})")
+        for method, aggregate in run["methods"].items():
+            for row in aggregate["per_seed"]:
+                rows.setdefault(method, {})[row["seed"]] = row
+    header = {
+        "suite": first["suite"],
+        "seeds": sorted({seed for by_seed in rows.values() for seed in by_seed}),
+        "quick": first["quick"],
+        "config": first["config"],
+        "commands": [c for run in results for c in run.get("commands", [])],
+    }
+    return write_results(header, {m: [by_seed[s] for s in sorted(by_seed)] for m, by_seed in rows.items()}, Path(out))
 
 
 def builtin_suites() -> list[str]:

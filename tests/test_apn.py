@@ -259,3 +259,15 @@ def test_charlm_runner_end_to_end_on_a_tiny_suite(tmp_path):
     overlap = apn["patch_overlap"]["weighted_jaccard"]
     assert len(overlap) == 3 and overlap[0][0] == pytest.approx(1.0)
     assert results["throughput_ratio"]["ffn"] > 0
+    # A second seed run as its own invocation joins the table through `hf-clroute merge`.
+    from hf_clroute.cli import main
+
+    run(str(path), methods=["dense-ffn"], seeds=[1], quick=False, out=tmp_path / "seed1")
+    assert main(["merge", str(tmp_path / "out"), str(tmp_path / "seed1"), "--out", str(tmp_path / "merged")]) == 0
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert merged["seeds"] == [0, 1] and merged["commands"][-1].startswith("hf-clroute merge")
+    rows = merged["methods"]["dense-ffn"]["per_seed"]
+    assert [r["seed"] for r in rows] == [0, 1]
+    assert merged["methods"]["dense-ffn"]["retention"]["mean"] == pytest.approx(sum(r["retention"] for r in rows) / 2)
+    assert [r["seed"] for r in merged["methods"]["apn-ffn"]["per_seed"]] == [0]
+    assert "throughput_ratio" in merged and "patch_overlap" in merged["methods"]["apn-ffn"]

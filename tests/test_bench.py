@@ -60,6 +60,29 @@ def test_builtin_suites_load_and_bad_suites_are_named(tmp_path):
     assert main(["bench", "--suite", str(bad), "--out", str(tmp_path / "o")]) == 2
 
 
+def test_a_suite_file_can_extend_another(tmp_path):
+    base, scarce = SuiteConfig.load("split-mnist"), SuiteConfig.load("split-mnist-20pct")
+    assert (scarce.dataset, scarce.backbone, scarce.n_tasks) == (base.dataset, base.backbone, base.n_tasks)
+    assert scarce.train_per_class * 5 == base.train_per_class and scarce.name == "split-mnist-20pct"
+    # training/quick merge key by key: only eval_every changes
+    assert scarce.training == {**base.training, "eval_every": 10}
+    assert scarce.quick_version().training["batch_size"] == base.training["batch_size"]
+    assert [SuiteConfig.load(f"wordnet-{n}tasks").n_tasks for n in (5, 10)] == [5, 10]
+    loop = tmp_path / "loop.json"
+    loop.write_text(json.dumps({"base": str(loop), "name": "loop"}))
+    with pytest.raises(ValueError, match="loops back"):
+        SuiteConfig.load(str(loop))
+
+
+def test_a_method_variant_changes_only_what_it_lists():
+    from hf_clroute.suites import method_settings
+
+    lora, variant = method_settings("lora", "split-mnist"), method_settings("lora-ctl", "split-mnist")
+    assert variant["method"] == "lora" and variant["training"] == lora["training"]
+    assert variant["config"] == {**lora["config"], "current_task_loss": True}
+    assert SuiteConfig.load("split-mnist").adapter_config("lora-ctl").current_task_loss
+
+
 def test_merge_joins_seeds_run_as_separate_invocations(tiny_suite, tmp_path):
     out = tmp_path / "merged"
     base = ["bench", "--suite", str(tiny_suite), "--methods", "ncm", "--out", str(out), "--no-progress", "--merge"]

@@ -191,3 +191,42 @@ def test_plasticity_diagnostics_and_baselines():
     replaced = (cbp.age[0] == 0).nonzero().squeeze(1)  # replaced by the last step
     assert len(replaced) == 2  # 4 mature units x rate 0.5
     assert (cbp.linears[1].weight[:, replaced] == 0).all()
+
+
+def test_plasticity_seeds_run_apart_merge_into_the_joint_table(tmp_path, capsys):
+    import json
+
+    from hf_clroute.cli import main
+
+    suite = {
+        "name": "drifting-regression", "kind": "drifting-regression", "runner": "hf_clroute.bench_plasticity:run",
+        "n_tasks": 4, "train_per_task": 20, "test_per_task": 10, "old_eval_every": 2, "hessian_every": 2,
+        "hessian_examples": 8, "window": 2, "mlp": {"hidden": 8, "layers": 1},
+        "qoa": {"buffer_size": 30, "support_size": 8, "eval_support_size": 12, "hidden_size": 8, "num_layers": 1},
+        "attention": {"d_model": 8, "num_layers": 1, "num_heads": 2}, "methods": ["qoa", "backprop"],
+    }
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(suite))
+
+    def bench(seeds: str, out: str) -> dict:
+        assert main(["bench", "--suite", str(path), "--seeds", seeds, "--out", str(tmp_path / out)]) == 0
+        return json.loads((tmp_path / out / "results.json").read_text())
+
+    joint = bench("0,1", "joint")
+    bench("0", "s0"), bench("1", "s1")
+    assert main(["merge", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "merged")]) == 0
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert merged["seeds"] == [0, 1] and len(merged["commands"]) == 3
+    drop_timing = lambda rows: [{k: v for k, v in r.items() if k != "wall_s"} for r in rows]  # noqa: E731
+    for method in ("qoa", "backprop"):
+        assert drop_timing(merged["methods"][method]["per_seed"]) == drop_timing(joint["methods"][method]["per_seed"])
+        assert merged["methods"][method]["last_window"] == joint["methods"][method]["last_window"]
+    assert (tmp_path / "merged" / "plasticity.png").is_file()
+    # Runs of a different suite config are refused, naming the problem.
+    suite["n_tasks"] = 3
+    path.write_text(json.dumps(suite))
+    bench("2", "other")
+    capsys.readouterr()
+    assert main(["merge", str(tmp_path / "s0"), str(tmp_path / "other"), "--out", str(tmp_path / "bad")]) == 2
+    assert "different suites or suite configs" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()

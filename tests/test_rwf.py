@@ -11,6 +11,7 @@ import torch
 from transformers import BertModel, GPT2LMHeadModel, ViTConfig, ViTModel
 
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
+from hf_clroute.baselines.finetune import FinetuneConfig
 from hf_clroute.backbones import char_lm_config, get_blocks, load_backbone, offline_model_path, tiny_bert_config, tiny_vit_config
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
@@ -305,25 +306,31 @@ def test_frozen_projections_get_no_gradient():
     assert not any("key_weight" in n or "value_weight" in n for n in names)
 
 
-class _Exp:  # the one field on_task_start reads; real Experiences run in the engine test
+class _Exp:  # the one field begin_task reads; real Experiences run in the engine test
     def __init__(self, classes):
         self.classes = classes
 
 
-@pytest.mark.parametrize("current_task_loss", [True, False])
-def test_current_task_loss_leaves_old_head_rows_alone(current_task_loss):
-    model = get_cl_model(tiny_vit(), RwfConfig(num_prompts=2, current_task_loss=current_task_loss))
+@pytest.mark.parametrize("make_config, current_task_loss", [
+    (RwfConfig, True), (RwfConfig, False), (FinetuneConfig, True), (FinetuneConfig, False),
+])
+def test_current_task_loss_leaves_old_head_rows_alone(make_config, current_task_loss):
+    # The base method's loss, so RwF (on by default) and any baseline (off by default) get the same option.
+    extra = {"num_prompts": 2} if make_config is RwfConfig else {}
+    model = get_cl_model(tiny_vit(), make_config(current_task_loss=current_task_loss, **extra))
     model.grow_head(4)
-    model.method.on_task_start(model, _Exp([2, 3]), None)
+    model.method.begin_task(model, _Exp([2, 3]), None)
     batch = {**pixels(4), "labels": torch.tensor([2, 3, 3, 2])}
-    logits = model(**pixels(4))
-    model.method.loss(model, batch, logits).backward()
-    old_rows = model.head.weight.grad[:2].abs().sum()
-    assert (old_rows == 0) == current_task_loss
+    model.method.loss(model, batch, model(**pixels(4))).backward()
+    assert (model.head.weight.grad[:2].abs().sum() == 0) == current_task_loss
     assert model.head.weight.grad[2:].abs().sum() > 0
+    if current_task_loss:  # a class present in the batch (a replayed one) stays in the softmax
+        model.zero_grad()
+        model.method.loss(model, {"labels": torch.tensor([2, 3, 0, 2])}, model(**pixels(4))).backward()
+        assert model.head.weight.grad[0].abs().sum() > 0 and model.head.weight.grad[1].abs().sum() == 0
     # A one-class task trains against every seen class (else its loss would be identically 0).
     model.zero_grad()
-    model.method.on_task_start(model, _Exp([3]), None)
+    model.method.begin_task(model, _Exp([3]), None)
     model.method.loss(model, {"labels": torch.full((4,), 3)}, model(**pixels(4))).backward()
     assert model.head.weight.grad[:3].abs().sum() > 0
 

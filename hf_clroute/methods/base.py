@@ -70,6 +70,7 @@ class ContinualMethod(nn.Module):
     def __init__(self, config: CLConfig) -> None:
         super().__init__()
         self.config = config
+        self.task_classes: list[int] = []  # the current experience's classes (set by begin_task)
 
     # ---- structure -------------------------------------------------------------
     def attach(self, model: "CLModel") -> None:
@@ -83,7 +84,16 @@ class ContinualMethod(nn.Module):
         return model.head(self.features(model, inputs))
 
     def loss(self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits, batch["labels"])
+        labels = batch["labels"]
+        if self.config.current_task_loss and self.config.scenario == "class" and len(self.task_classes) > 1:
+            # Earlier classes leave the softmax (unless in the batch, e.g. replayed), so their head
+            # rows get no push-down from new samples: the recency bias of a shared class-IL head.
+            # A one-class task keeps every class (a one-logit softmax has no gradient).
+            keep = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
+            keep[self.task_classes] = True
+            keep[labels] = True
+            logits = logits.masked_fill(~keep, float("-inf"))
+        return F.cross_entropy(logits, labels)
 
     def extra_losses(
         self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor
@@ -103,6 +113,11 @@ class ContinualMethod(nn.Module):
         return experience.train_stream(epochs=epochs)
 
     # ---- hooks -----------------------------------------------------------------
+    def begin_task(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
+        """What the engine calls at an experience's start: records its classes, then ``on_task_start``."""
+        self.task_classes = list(experience.classes)
+        self.on_task_start(model, experience, ctx)
+
     def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
         """Called before the first batch of an experience (the head has already grown)."""
 

@@ -83,11 +83,8 @@ class RwfConfig(CLConfig):
     current_task_loss: bool = field(
         default=True,
         metadata={
-            "help": "Class-IL training loss: cross-entropy over the current task's classes only (the logits of "
-            "earlier classes are masked), as the prompt-based methods RwF is compared with (L2P, DualPrompt, "
-            "CODA-Prompt) train, so new samples never push the old classes' head rows down (a task with a single "
-            "class keeps every seen class: a one-logit softmax has no gradient). False: over all classes seen so "
-            "far. Prediction always uses every seen class (no task id)."
+            "help": "As in CLConfig, but on by default: RwF trains, as the prompt methods it is compared with "
+            "(L2P, DualPrompt, CODA-Prompt) do, with cross-entropy over the current task's classes."
         },
     )
     init_seed: int = field(

@@ -6,15 +6,14 @@ GPT-2 char-LM take the same path). Trained: the routers' query side and the
 shared incremental head (LM: its own LM head stays frozen). No task id, no
 replay, no per-task state: the prompts are recomputed from the input at every
 forward and dropped after the attention. In class-IL the loss is, by default,
-cross-entropy over the current task's classes (``RwfConfig.current_task_loss``).
+cross-entropy over the current task's classes (``current_task_loss``: the base
+method's loss, on by default for RwF).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ...backbones import get_blocks
@@ -36,7 +35,6 @@ class Rwf(ContinualMethod):
     def __init__(self, config: RwfConfig) -> None:
         super().__init__(config)
         self.routers = nn.ModuleDict()  # block index (as str) -> router; saved as method.routers.<i>.*
-        self._task_classes: list[int] | None = None  # set at every task start; not state worth saving
 
     def attach(self, model: "CLModel") -> None:
         config, spec = self.config, model.spec
@@ -59,16 +57,3 @@ class Rwf(ContinualMethod):
             generation_config = getattr(model.backbone, "generation_config", None)
             if generation_config is not None:
                 generation_config.use_cache = False
-
-    def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
-        self._task_classes = list(experience.classes) or None
-
-    def loss(self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
-        # A one-class task would leave a one-logit softmax (zero loss): it keeps every seen class.
-        if self.config.current_task_loss and self.config.scenario == "class" and len(self._task_classes or []) > 1:
-            # Earlier classes' logits leave the softmax, so their head rows get no gradient
-            # from new samples (the recency bias of a shared head in class-IL).
-            keep = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
-            keep[self._task_classes] = True
-            logits = logits.masked_fill(~keep, float("-inf"))
-        return F.cross_entropy(logits, batch["labels"])
