@@ -115,7 +115,7 @@ def run_bench(
                 stream=feature_stream if use_cache else stream,
                 collator=FeatureCollator() if use_cache else None,
                 progress=progress,
-                probe_forgetting=True,
+                probe_forgetting=suite.training.get("probe_forgetting", True),  # off only where a suite says so
             )
             row = summarize_result(result)
             row["wall_s"] = time.perf_counter() - started + (cache_s if use_cache else 0.0)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from .io import atomic_write_text
@@ -33,23 +34,63 @@ def write_benchmarks(results_root: Path, out: Path) -> Path:
         if "reference" in results:  # a classification bench run (other runners draw their own plots)
             write_plots(results, results_file.parent / "plots")
         table = (results_file.parent / "results.md").read_text().split("\n", 1)[1].strip()
+        # results.md links its images relative to its own folder; this page lives elsewhere
+        folder = os.path.relpath(results_file.parent.resolve(), out.resolve().parent)
+        table = re.sub(r"\]\((?![a-z]+:|/)([^)]+\.png)\)", lambda m: f"]({folder}/{m.group(1)})", table)
         command = "\n".join(c for c in results.get("commands", []) if c) or "(command not recorded)"
         plots = sorted((results_file.parent / "plots").glob("*.png"))
         links = " · ".join(f"[{p.stem}]({os.path.relpath(p.resolve(), out.resolve().parent)})" for p in plots)
         sections.append(
             f"## {results['suite']}\n\n```bash\n{command}\n```\n\n{table}\n" + (f"\nPlots: {links}\n" if links else "")
         )
-    atomic_write_text(out, HEADER + summary_table(results_root) + "\n".join(sections))
+    atomic_write_text(out, HEADER + summary_table(results_root) + study_tables(results_root) + "\n".join(sections))
     return out
 
 
-def summary_table(results_root: Path) -> str:
-    """A_T (mean ± std, %) of every method on every classification suite, side by side."""
+def classification_suites(results_root: Path) -> dict[str, dict]:
+    """{suite: its methods' rows} for every classification bench run under ``results_root``."""
     suites = {}
     for results_file in sorted(results_root.glob("*/results.json")):
         results = json.loads(results_file.read_text())
         if "reference" in results:
             suites[results["suite"]] = results["methods"]
+    return suites
+
+
+def _a_t(row: dict | None) -> str:
+    stat = (row or {}).get("A_T")
+    return f"{stat['mean'] * 100:.1f} ± {stat['std'] * 100:.1f}" if stat else "—"
+
+
+def study_tables(results_root: Path) -> str:
+    """A suite named ``<base>-<variant>`` (a suite file extending ``<base>``, e.g. at 20% of the data
+    or with another task count) is set beside its base: A_T of the methods run on all of them and
+    the change from the base (points)."""
+    suites = classification_suites(results_root)
+    out = []
+    for base, base_rows in suites.items():
+        variants = [name for name in suites if name.startswith(base + "-")]
+        if not variants:
+            continue
+        methods = [m for m in base_rows if all(m in suites[v] for v in variants)]
+        header = "| method | " + base + " | " + " | ".join(f"{v} | change" for v in variants) + " |"
+        lines = [f"### {base} and its variants: A_T (%) and change from {base} (points)\n", header,
+                 "|---|---|" + "---|---|" * len(variants)]
+        for method in methods:
+            cells = [_a_t(base_rows[method])]
+            for v in variants:
+                delta = (suites[v][method]["A_T"]["mean"] - base_rows[method]["A_T"]["mean"]) * 100
+                cells += [_a_t(suites[v][method]), f"{delta:+.1f}"]
+            lines.append(f"| {method} | " + " | ".join(cells) + " |")
+        out.append("\n".join(lines) + "\n")
+    return ("## Studies\n\n" + "\n".join(out) + "\n") if out else ""
+
+
+def summary_table(results_root: Path) -> str:
+    """A_T (mean ± std, %) of every method on every classification suite, side by side
+    (variants of a suite go to :func:`study_tables`)."""
+    every = classification_suites(results_root)
+    suites = {name: rows for name, rows in every.items() if not any(name.startswith(other + "-") for other in every)}
     if not suites:
         return ""
     methods = sorted({m for rows in suites.values() for m in rows})
@@ -59,9 +100,6 @@ def summary_table(results_root: Path) -> str:
         "|---|" + "---|" * len(suites),
     ]
     for method in methods:
-        cells = []
-        for rows in suites.values():
-            stat = rows.get(method, {}).get("A_T")
-            cells.append(f"{stat['mean'] * 100:.1f} ± {stat['std'] * 100:.1f}" if stat else "—")
+        cells = [_a_t(rows.get(method)) for rows in suites.values()]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n"

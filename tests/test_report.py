@@ -1,0 +1,38 @@
+"""`hf-clroute report`: BENCHMARKS.md strings the committed results together."""
+
+from __future__ import annotations
+
+import json
+
+from hf_clroute.report import write_benchmarks
+
+
+def fake_run(root, suite: str, a_t: dict[str, float], image: bool = False) -> None:
+    """A results folder in the bench's shape (only the fields the report reads)."""
+    folder = root / suite
+    folder.mkdir(parents=True)
+    methods = {m: {"A_T": {"mean": v, "std": 0.01}} for m, v in a_t.items()}
+    results = {"suite": suite, "commands": [f"hf-clroute bench --suite {suite}"], "methods": methods}
+    if not image:
+        results["reference"] = {}  # marks a classification bench run
+    (folder / "results.json").write_text(json.dumps(results))
+    (folder / "results.md").write_text(f"# {suite}\n\n| table |\n" + ("\n![curve](curve.png)\n" if image else ""))
+
+
+def test_report_sets_study_variants_beside_their_base(tmp_path, monkeypatch):
+    import hf_clroute.plots
+
+    monkeypatch.setattr(hf_clroute.plots, "write_plots", lambda results, out: None)  # plotting is tested elsewhere
+    root = tmp_path / "results"
+    fake_run(root, "mnist", {"rwf": 0.5, "finetune": 0.2})
+    fake_run(root, "mnist-20pct", {"rwf": 0.4, "finetune": 0.19, "ncm": 0.7})
+    fake_run(root, "plasticity", {}, image=True)
+    page = write_benchmarks(root, tmp_path / "BENCHMARKS.md").read_text()
+    summary = page.split("## Studies")[0]
+    assert "| method | mnist |" in summary and "mnist-20pct" not in summary  # variants leave the summary
+    studies = page.split("## Studies")[1].split("\n## ")[0]
+    assert "| rwf | 50.0 ± 1.0 | 40.0 ± 1.0 | -10.0 |" in studies
+    assert "| finetune | 20.0 ± 1.0 | 19.0 ± 1.0 | -1.0 |" in studies
+    assert "ncm" not in studies  # only methods run on the base and every variant
+    assert "](results/plasticity/curve.png)" in page  # image links rewritten relative to the page
+    assert "hf-clroute bench --suite mnist-20pct" in page
