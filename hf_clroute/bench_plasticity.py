@@ -33,15 +33,17 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, hessian
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .io import atomic_write_text
 from .methods.qoa import QoaConfig, QoaLearner, QueryOnlyAttention
@@ -314,10 +316,24 @@ def hessian_effective_rank(module: nn.Module, prefix: str, args: tuple, loss_of_
         return effective_rank(hessian(loss)(flat).detach())
 
 
+@contextmanager
+def countable_attention() -> Iterator[None]:
+    """Attention as plain matmuls, so ``FlopCounterMode`` sees it: the fused CPU kernels
+    (nn.MultiheadAttention's fast path, SDPA's flash kernel) are not counted, which would
+    make full attention look linear in |S|."""
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+
+
 def count_flops(module: nn.Module, args: tuple) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
+    with countable_attention(), FlopCounterMode(display=False) as counter, torch.no_grad():
         module(*args)
     return counter.get_total_flops()
 
@@ -489,11 +505,11 @@ def results_markdown(results: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Cost of one forward (10 queries) vs support size |S|, counted in FLOPs (torch.utils.flop_counter):", "",
               "| model | " + " | ".join(f"|S|={s}" for s in next(iter(results["cost_vs_support"].values()))["support_sizes"])
-              + " | FLOPs per support item (linear fit) | linear-fit R² |",
-              "|---|" + "---|" * (len(next(iter(results["cost_vs_support"].values()))["support_sizes"]) + 2)]
+              + " | FLOPs per support item (linear fit) | linear-fit R² | |S|² coefficient (quadratic fit) |",
+              "|---|" + "---|" * (len(next(iter(results["cost_vs_support"].values()))["support_sizes"]) + 3)]
     for name, c in results["cost_vs_support"].items():
         lines.append(f"| {name} | " + " | ".join(f"{f / 1e6:.2f}M" for f in c["flops"])
-                     + f" | {c['flops_per_support_item']:.0f} | {c['linear_fit_r2']:.5f} |")
+                     + f" | {c['flops_per_support_item']:.0f} | {c['linear_fit_r2']:.5f} | {c['quadratic_coefficient']:.1f} |")
     lines += ["", "![newest-task score and Hessian effective rank over the stream](plasticity.png)", ""]
     return "\n".join(lines)
 

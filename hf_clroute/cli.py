@@ -57,7 +57,7 @@ def record_command(results_file: Path, *commands: str) -> None:
     from .io import atomic_write_text
 
     results = json.loads(results_file.read_text())
-    results["commands"] = list(commands)
+    results["commands"] = list(dict.fromkeys(commands))  # a re-run merge is recorded once
     atomic_write_text(results_file, json.dumps(results, indent=2, sort_keys=True) + "\n")
 
 

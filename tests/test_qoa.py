@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -230,3 +231,21 @@ def test_plasticity_seeds_run_apart_merge_into_the_joint_table(tmp_path, capsys)
     assert main(["merge", str(tmp_path / "s0"), str(tmp_path / "other"), "--out", str(tmp_path / "bad")]) == 2
     assert "different suites or suite configs" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_cost_table_counts_full_attention_as_quadratic_and_qoa_as_linear():
+    from hf_clroute.bench_plasticity import PlasticitySuite, cost_versus_support
+
+    suite = PlasticitySuite(name="t", kind="permuted-mnist", qoa={"hidden_size": 16, "num_layers": 1},
+                            attention={"d_model": 16, "num_layers": 1, "num_heads": 2})
+    cost = cost_versus_support(input_dim=6, label_dim=4, suite=suite, sizes=(20, 40, 80, 160))
+    sizes = np.array([20, 40, 80, 160], dtype=float)
+    for name, quadratic in (("qoa", 0.0), ("full_attention", 4 * 16)):
+        flops = np.array(cost[name]["flops"], dtype=float)
+        fit = np.polyfit(sizes, flops, 2)
+        assert np.allclose(np.polyval(fit, sizes), flops)  # at most quadratic
+        # QK^T and AV over the (|S| + 10)^2 score matrix: 2 matmuls x 2 flops x d_model per entry.
+        assert fit[0] == pytest.approx(quadratic, abs=1e-6 * flops.max())
+    assert cost["qoa"]["linear_fit_r2"] == pytest.approx(1.0) and cost["full_attention"]["linear_fit_r2"] < 0.9999
+    # the switch to countable attention is undone afterwards
+    assert torch.backends.mha.get_fastpath_enabled()
