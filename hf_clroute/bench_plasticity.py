@@ -33,18 +33,17 @@ from __future__ import annotations
 import json
 import math
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, hessian
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .flops import count_flops
 from .io import atomic_write_text
 from .methods.qoa import QoaConfig, QoaLearner, QueryOnlyAttention
 from .metrics import mean_std
@@ -316,28 +315,6 @@ def hessian_effective_rank(module: nn.Module, prefix: str, args: tuple, loss_of_
         return effective_rank(hessian(loss)(flat).detach())
 
 
-@contextmanager
-def countable_attention() -> Iterator[None]:
-    """Attention as plain matmuls, so ``FlopCounterMode`` sees it: the fused CPU kernels
-    (nn.MultiheadAttention's fast path, SDPA's flash kernel) are not counted, which would
-    make full attention look linear in |S|."""
-    fastpath = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        with sdpa_kernel(SDPBackend.MATH):
-            yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(fastpath)
-
-
-def count_flops(module: nn.Module, args: tuple) -> int:
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with countable_attention(), FlopCounterMode(display=False) as counter, torch.no_grad():
-        module(*args)
-    return counter.get_total_flops()
-
-
 def cost_versus_support(input_dim: int, label_dim: int, suite: PlasticitySuite, sizes=(50, 100, 200, 400, 800)) -> dict:
     """FLOPs of one forward (10 queries) vs |S| for QOA and full attention, with polynomial fits."""
     config = QoaConfig(**{"max_classes": label_dim, **suite.qoa})
@@ -346,8 +323,8 @@ def cost_versus_support(input_dim: int, label_dim: int, suite: PlasticitySuite, 
                   "full_attention": FullAttention(input_dim, config.label_dim, **suite.attention)}
     report = {}
     for name, predictor in predictors.items():
-        flops = [count_flops(predictor, (torch.rand(10, input_dim, generator=g), torch.rand(s, input_dim, generator=g),
-                                         torch.rand(s, config.label_dim, generator=g))) for s in sizes]
+        flops = [count_flops(predictor, torch.rand(10, input_dim, generator=g), torch.rand(s, input_dim, generator=g),
+                             torch.rand(s, config.label_dim, generator=g)) for s in sizes]
         linear = np.polyfit(sizes, flops, 1)
         quadratic = np.polyfit(sizes, flops, 2)
         residual = np.asarray(flops) - np.polyval(linear, sizes)

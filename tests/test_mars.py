@@ -358,3 +358,22 @@ def test_defaults_are_the_papers():
     assert (c.num_slots, c.tau_r, c.quantile_beta, c.quantile_window, c.quantile_eps) == (32, 0.07, 0.9, 10, 0.1)
     assert (c.test_trials, c.wilson_z, c.lambda_smooth, c.distill_temperature) == (20, 1.645, 0.3, 3.0)
     assert math.isclose(ExpansionTest(2).false_expansion_bound, binomial_cdf(15, 20, 0.9))
+
+
+def test_current_task_loss_reaches_the_stage2_head_loss():
+    """Stage 2's CE is the base loss: with current_task_loss the old classes' head rows get
+    gradient only from the distillation terms, not from the CE on new samples."""
+    stream = feature_stream(2, train_per_class=10)
+    for current_task_loss in (True, False):
+        model, _ = fit(small_config(dcda_window=1, current_task_loss=current_task_loss), stream[:1])
+        method = model.method
+        model.grow_head(4)
+        method.begin_task(model, stream[1], _ctx())
+        batch = FeatureCollator()([stream[1].train[i] for i in range(6)])
+        model.train()
+        while method.stage() != 2:
+            method.task_step += 1
+        logits = model(features=batch["features"])
+        method.loss(model, batch, logits).backward()
+        assert (model.head.weight.grad[:2].abs().sum() == 0) == current_task_loss
+        assert model.head.weight.grad[2:].abs().sum() > 0

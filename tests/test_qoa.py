@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 from transformers import ViTModel
 
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
 from hf_clroute.backbones import tiny_vit_config
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
+from hf_clroute.flops import count_flops
 from hf_clroute.methods.base import StepContext
 from hf_clroute.methods.qoa import QoaConfig, QoaLearner, QueryOnlyAttention
 from hf_clroute.model import CLModel
@@ -128,11 +128,6 @@ def test_buffer_save_load_identity(tmp_path):
         assert torch.equal(loaded.method.buffer.contents()[name], tensor)
     assert torch.equal(loaded(**inputs), before)
 
-
-def count_flops(module, *args) -> int:
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        module(*args)
-    return counter.get_total_flops()
 
 
 def test_cost_is_linear_in_support_size():

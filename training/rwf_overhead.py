@@ -19,6 +19,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -27,6 +28,8 @@ from transformers import ViTConfig, ViTModel
 from hf_clroute import get_cl_model
 from hf_clroute.backbones import get_backbone_spec, load_backbone
 from hf_clroute.baselines import FinetuneConfig
+from hf_clroute.flops import count_flops
+from hf_clroute.io import atomic_write_text
 from hf_clroute.methods.rwf import RwfConfig
 from hf_clroute.suites import resolve_backbone_path
 
@@ -50,15 +53,6 @@ def build(name: str) -> tuple[Callable[[], torch.nn.Module], dict[str, torch.Ten
         size = model.config.image_size
         inputs = {"pixel_values": torch.randn(1, model.config.num_channels, size, size)}
     return (lambda: load_backbone(path)[0]), inputs
-
-
-def forward_flops(model: torch.nn.Module, inputs: dict[str, torch.Tensor]) -> int:
-    """FLOPs of one inference forward, counted by torch (independent of machine load)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(**inputs)
-    return counter.get_total_flops()
 
 
 def timed(fn: Callable[[], None]) -> float:
@@ -95,7 +89,7 @@ def measure(name: str, batch: int, reps: int, num_classes: int = 10) -> dict:
             if step:
                 times[key].append(seconds)
     median = {k: statistics.median(v) for k, v in times.items()}
-    flops = {"bare": forward_flops(bare, inputs), "rwf": forward_flops(rwf, inputs)}
+    flops = {"bare": count_flops(bare, **inputs), "rwf": count_flops(rwf, **inputs)}
     counts = rwf.parameter_counts()
     return {
         "backbone": name,
@@ -129,8 +123,8 @@ def main() -> None:
             f"training x{r['training_overhead']:.2f} vs head-only"
         )
     if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(results, handle, indent=2)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(args.out), json.dumps(results, indent=2, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":

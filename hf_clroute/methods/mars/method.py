@@ -143,11 +143,11 @@ class Mars(ContinualMethod):
 
     def loss(self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
         routing, stage = self._require_last()
-        if stage == 2:
-            return F.cross_entropy(logits, batch["labels"])
+        if stage == 2:  # the head's CE: the base loss, so ``current_task_loss`` applies
+            return super().loss(model, batch, logits)
         loss = supervised_contrastive(routing.output, batch["labels"], self.config.supcon_temperature)
         if not self.config.use_stage2:
-            loss = loss + F.cross_entropy(logits, batch["labels"])
+            loss = loss + super().loss(model, batch, logits)
         return loss
 
     def extra_losses(
