@@ -110,7 +110,7 @@ def _write_run_config(tmp_path: Path, backbone_dir: Path, method: str, out: Path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["finetune", "ncm"])
+@pytest.mark.parametrize("method", ["finetune", "ncm", "qoa"])  # qoa: the replay buffer is gathered across processes
 def test_two_process_accelerate_run_matches_one_process(tmp_path, method):
     backbone_dir = tmp_path / "tiny-vit"
     tiny_backbone().save_pretrained(backbone_dir)
