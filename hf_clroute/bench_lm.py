@@ -9,7 +9,7 @@ text is measured (``ppl_matrix[t][d]``: after domain t, on domain d).
 Variants, "<architecture>-<adaptation>":
 
 * architecture ``dense``: the GPT-2 MLP; ``apn``: every MLP replaced by a
-  :class:`~hf_clroute.methods.apn.PatchFFN` bank (``configs/methods/apn.json``,
+  :class:`~hf_clroute.methods.apn.PatchFFN` bank (``hf_clroute/configs/methods/apn.json``,
   ``suites.charlm-domains``), same depth and width;
 * adaptation ``all``: every weight trains on every domain (the paper's global
   fine-tuning); ``ffn``: everything trains on domain A, then only the FFNs (dense:
@@ -59,9 +59,9 @@ ADAPTATIONS = ("all", "ffn")
 
 @dataclass
 class CharLMSuite:
-    """The suite file's fields (``configs/suites/charlm-domains.json``)."""
+    """The suite file's fields (``hf_clroute/configs/suites/charlm-domains.json``)."""
 
-    name: str = field(metadata={"help": "Suite name; also the key of per-suite settings in configs/methods/apn.json."})
+    name: str = field(metadata={"help": "Suite name; also the key of per-suite settings in hf_clroute/configs/methods/apn.json."})
     runner: str = field(metadata={"help": "This runner ('hf_clroute.bench_lm:run')."})
     domains: list[str] = field(metadata={"help": "Text sources (see `hf-clroute data list`) in training order: A, B, C."})
     model: dict[str, Any] = field(metadata={"help": "char_lm_config overrides: n_layer, n_embd, n_head, dropouts."})

@@ -54,7 +54,7 @@ ALL_METHODS = ("qoa", "full_attention", "backprop", "cbp")
 
 @dataclass
 class PlasticitySuite:
-    """A plasticity suite file (``configs/suites/<name>.json``)."""
+    """A plasticity suite file (``hf_clroute/configs/suites/<name>.json``)."""
 
     name: str
     kind: str  # "permuted-mnist" or "drifting-regression"

@@ -1,4 +1,4 @@
-"""Model cards for pushed adapters, from ``model_cards/adapter_card.md``.
+"""Model cards for pushed adapters, from ``hf_clroute/model_cards/adapter_card.md``.
 
 Evaluation results go into the card's ``model-index`` metadata through
 ``huggingface_hub.ModelCardData`` / ``EvalResult``, so the Hub (and
@@ -15,7 +15,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
 from .suites import method_description
 
-TEMPLATE = Path(__file__).resolve().parents[1] / "model_cards" / "adapter_card.md"
+TEMPLATE = Path(__file__).resolve().parent / "model_cards" / "adapter_card.md"
 
 #: results.json key -> (model-index metric type, readable name)
 CARD_METRICS = {

@@ -1,6 +1,6 @@
 """Benchmark suites: a dataset, a stream recipe, a backbone and the methods to run.
 
-A suite is a JSON file (``configs/suites/<name>.json``), so a user can define one
+A suite is a JSON file (``hf_clroute/configs/suites/<name>.json``), so a user can define one
 over any dataset (a source name, a local path or a Hub id, with named columns)
 without writing code. ``--quick`` applies the suite's ``quick`` overrides: the
 same stream with fewer examples, for CI and the demo.
@@ -18,7 +18,7 @@ from .config import CLConfig
 from .engine import TrainingConfig
 from .registry import get_method
 
-CONFIG_ROOT = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_ROOT = Path(__file__).resolve().parent / "configs"  # package data: installed with the wheel
 SCENARIOS = ("class", "domain", "task")
 
 
@@ -44,7 +44,7 @@ class SuiteConfig:
     max_length: int = field(default=64, metadata={"help": "Token limit for text backbones."})
     training: dict[str, Any] = field(default_factory=dict, metadata={"help": "TrainingConfig fields for every method."})
     methods: list[str] = field(
-        default_factory=list, metadata={"help": "Methods `hf-clroute bench` runs by default (configs/methods/<name>.json)."}
+        default_factory=list, metadata={"help": "Methods `hf-clroute bench` runs by default (hf_clroute/configs/methods/<name>.json)."}
     )
     quick: dict[str, Any] = field(default_factory=dict, metadata={"help": "Overrides of the fields above for --quick."})
     description: str = field(default="", metadata={"help": "What the suite measures, for tables and model cards."})
@@ -61,7 +61,7 @@ class SuiteConfig:
 
     @classmethod
     def load(cls, name_or_path: str) -> "SuiteConfig":
-        """A built-in suite name (``configs/suites/<name>.json``) or a path to a JSON file."""
+        """A built-in suite name (``hf_clroute/configs/suites/<name>.json``) or a path to a JSON file."""
         path, data = read_suite_file(name_or_path)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
@@ -88,7 +88,7 @@ class SuiteConfig:
 def method_settings(method: str, suite: str) -> dict[str, dict[str, Any]]:
     """A method's registered name, adapter-config fields and training overrides for one suite.
 
-    ``configs/methods/<name>.json`` holds ``config`` and ``training`` defaults and
+    ``hf_clroute/configs/methods/<name>.json`` holds ``config`` and ``training`` defaults and
     per-suite overrides under ``suites``; a method without a file gets its defaults.
     A variant (an ablation, say ``mars-no-sgse``) is a file whose ``method`` field
     names the registered method it configures; it starts from that method's own
@@ -107,7 +107,7 @@ def method_settings(method: str, suite: str) -> dict[str, dict[str, Any]]:
 
 
 def method_description(method: str) -> str:
-    """The one-line description in ``configs/methods/<method>.json`` ("" if none)."""
+    """The one-line description in ``hf_clroute/configs/methods/<method>.json`` ("" if none)."""
     path = CONFIG_ROOT / "methods" / f"{method}.json"
     return json.loads(path.read_text()).get("description", "") if path.is_file() else ""
 

@@ -94,3 +94,25 @@ def test_merge_joins_seeds_run_as_separate_invocations(tiny_suite, tmp_path):
     assert [r["seed"] for r in rows] == [0, 1]
     expected = sum(r["A_T"] for r in rows) / 2
     assert merged["methods"]["ncm"]["A_T"]["mean"] == pytest.approx(expected)
+
+
+@pytest.mark.slow
+def test_the_wheel_ships_the_builtin_suites_and_the_card_template(tmp_path):
+    """`pip install hf_clroute` (not a checkout) must still find every suite, method setting and the card template."""
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    from hf_clroute.cards import TEMPLATE
+    from hf_clroute.suites import CONFIG_ROOT
+
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(repo), "--no-deps", "--no-build-isolation", "-q",
+                    "-w", str(tmp_path)], check=True)
+    names = set(zipfile.ZipFile(next(tmp_path.glob("*.whl"))).namelist())
+    package = Path(__import__("hf_clroute").__file__).resolve().parent
+    shipped = sorted(CONFIG_ROOT.glob("*/*.json")) + [TEMPLATE]
+    assert len(shipped) > 20
+    missing = [str(p.relative_to(package)) for p in shipped if f"hf_clroute/{p.relative_to(package).as_posix()}" not in names]
+    assert not missing, f"not in the wheel: {missing}"
