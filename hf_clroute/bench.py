@@ -166,17 +166,30 @@ def merge_results(previous: dict, results: dict) -> dict:
     }
 
 
-def merge_run_dirs(run_dirs: list[Path], out: Path) -> dict:
-    """One results.json/md (+ plots) from several bench runs of the same suite (e.g. one per seed)."""
+def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
+    """One results.json/md (+ plots) from several bench runs of the same suite (e.g. one per seed),
+    without the methods in ``drop`` (a retired variant, say)."""
     merged = None
     for run_dir in run_dirs:
         results = json.loads((Path(run_dir) / "results.json").read_text())
         merged = results if merged is None else merge_results(merged, results)
+    drop_methods(merged["methods"], drop)
     out.mkdir(parents=True, exist_ok=True)
+    for method in drop:  # its per-method plots would otherwise outlive it
+        for stale in (out / "plots").glob(f"*_{method}.png"):
+            stale.unlink()
     atomic_write_text(out / "results.json", json.dumps(merged, indent=2, sort_keys=True) + "\n")
     atomic_write_text(out / "results.md", results_markdown(merged))
     write_plots(merged, out / "plots")
     return merged
+
+
+def drop_methods(methods: dict[str, Any], drop: tuple[str, ...]) -> None:
+    unknown = sorted(set(drop) - set(methods))
+    if unknown:
+        raise ValueError(f"cannot drop {unknown}: not in these results (methods: {sorted(methods)})")
+    for method in drop:
+        del methods[method]
 
 
 def seed_row(seed: int, result: StreamResult, summary: dict[str, Any], curves: dict) -> dict[str, Any]:

@@ -249,9 +249,9 @@ def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
     return results
 
 
-def merge_run_dirs(run_dirs: list[Path], out: Path) -> dict:
+def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
     """``hf-clroute merge``: one table from runs of this suite (e.g. one process per seed)."""
-    return merge_seed_runs(run_dirs, out, write_results)
+    return merge_seed_runs(run_dirs, out, write_results, drop)
 
 
 # ------------------------------------------------------------------ report

@@ -452,9 +452,9 @@ def write_results(header: dict, runs: dict[str, list[dict[str, Any]]], out: Path
     return results
 
 
-def merge_run_dirs(run_dirs: list[Path], out: Path) -> dict:
+def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
     """``hf-clroute merge``: one table from runs of this suite (e.g. methods or seeds in parallel)."""
-    return merge_seed_runs(run_dirs, out, write_results)
+    return merge_seed_runs(run_dirs, out, write_results, drop)
 
 
 def _fmt(stat: dict[str, float] | None, scale: float, digits: int) -> str:

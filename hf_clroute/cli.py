@@ -71,8 +71,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     runner = json.loads((run_dirs[0] / "results.json").read_text())["config"].get("runner")
     if runner:  # a suite with its own runner merges its own results
         merge_run_dirs = importlib.import_module(runner.partition(":")[0]).merge_run_dirs
-    merged = merge_run_dirs(run_dirs, Path(args.out))
-    command = f"hf-clroute merge {' '.join(args.run_dirs)} --out {args.out}"
+    merged = merge_run_dirs(run_dirs, Path(args.out), tuple(args.drop or ()))
+    command = f"hf-clroute merge {' '.join(args.run_dirs)} --out {args.out}" + (f" --drop {','.join(args.drop)}" if args.drop else "")
     record_command(Path(args.out) / "results.json", *merged.get("commands", []), command)
     print((Path(args.out) / "results.md").read_text())
     return 0
@@ -156,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge = sub.add_parser("merge", help="combine bench runs of one suite (e.g. seeds run in parallel) into one")
     merge.add_argument("run_dirs", nargs="+")
     merge.add_argument("--out", required=True)
+    merge.add_argument("--drop", type=_csv(str), default=None, help="methods to leave out (e.g. a retired variant)")
     merge.set_defaults(func=cmd_merge)
 
     demo = sub.add_parser("demo", help="quick Split-MNIST: naive fine-tuning vs nearest-class-mean")

@@ -158,13 +158,14 @@ def suite_runner(name_or_path: str) -> Callable | None:
     return getattr(importlib.import_module(module), function)
 
 
-def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[dict, dict, Path], dict]) -> dict:
+def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[dict, dict, Path], dict],
+                    drop: tuple[str, ...] = ()) -> dict:
     """Join the per-seed rows of several runs of one runner suite and re-aggregate them.
 
     Runs must share the suite and its config (the stream is a function of suite and
     seed, so each invocation saw identical data); a later run's row replaces an
-    earlier one for the same method and seed. ``write_results(header, rows_by_method, out)``
-    is the runner's own aggregation and report.
+    earlier one for the same method and seed; methods in ``drop`` are left out.
+    ``write_results(header, rows_by_method, out)`` is the runner's own aggregation and report.
     """
     results = [json.loads((Path(d) / "results.json").read_text()) for d in run_dirs]
     first = results[0]
@@ -175,6 +176,9 @@ def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[di
         for method, aggregate in run["methods"].items():
             for row in aggregate["per_seed"]:
                 rows.setdefault(method, {})[row["seed"]] = row
+    from .bench import drop_methods
+
+    drop_methods(rows, drop)
     header = {
         "suite": first["suite"],
         "seeds": sorted({seed for by_seed in rows.values() for seed in by_seed}),

@@ -94,6 +94,14 @@ def test_merge_joins_seeds_run_as_separate_invocations(tiny_suite, tmp_path):
     assert [r["seed"] for r in rows] == [0, 1]
     expected = sum(r["A_T"] for r in rows) / 2
     assert merged["methods"]["ncm"]["A_T"]["mean"] == pytest.approx(expected)
+    # A method can be dropped (a retired variant): its rows and plots go, the command is recorded.
+    assert main([*base[:4], "finetune", *base[5:], "--seeds", "0"]) == 0
+    assert (out / "plots" / "accuracy_matrix_finetune.png").is_file()
+    assert main(["merge", str(out), "--out", str(out), "--drop", "finetune"]) == 0
+    merged = json.loads((out / "results.json").read_text())
+    assert set(merged["methods"]) == {"ncm"} and merged["commands"][-1].endswith("--drop finetune")
+    assert not (out / "plots" / "accuracy_matrix_finetune.png").exists()
+    assert main(["merge", str(out), "--out", str(out), "--drop", "nope"]) == 2
 
 
 @pytest.mark.slow
