@@ -42,15 +42,15 @@ from datasets import Dataset
 from transformers import GPT2LMHeadModel
 
 from .backbones import char_lm_config, get_blocks
+from .baselines.finetune import FinetuneConfig
 from .char_tokenizer import CharTokenizer
 from .config import CLConfig
 from .data import CausalLMCollator, load_source, text_domains
 from .engine import ContinualTrainer, TrainingConfig, make_accelerator
 from .io import atomic_write_text
+from .methods.apn import ApnConfig, FfnFinetuneConfig, PatchFFN, patch_overlap
 from .metrics import mean_std
 from .model import get_cl_model
-from .methods.apn import ApnConfig, FfnFinetuneConfig, PatchFFN, patch_overlap
-from .baselines.finetune import FinetuneConfig
 from .suites import merge_seed_runs, method_settings, read_suite_file
 
 ARCHITECTURES = ("dense", "apn")

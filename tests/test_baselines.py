@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import copy
 
-import torch
 import pytest
+import torch
 from safetensors import safe_open
 from transformers import AutoTokenizer, BertModel, GPT2LMHeadModel, ViTModel
 

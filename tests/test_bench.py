@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from hf_clroute.cli import main
 from hf_clroute.suites import SuiteConfig, builtin_suites
 

@@ -9,8 +9,8 @@ import torch
 from transformers import BertModel, ViTForImageClassification, ViTModel
 
 from hf_clroute import CLConfig, available_methods, get_cl_model
-from hf_clroute.baselines import FinetuneConfig, NCMConfig
 from hf_clroute.backbones import tiny_bert_config, tiny_vit_config
+from hf_clroute.baselines import FinetuneConfig, NCMConfig
 from hf_clroute.methods.base import StepContext
 from hf_clroute.model import WEIGHTS_NAME, CLModel
 

@@ -11,8 +11,8 @@ import torch
 from transformers import BertModel, GPT2LMHeadModel, ViTConfig, ViTModel
 
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.baselines.finetune import FinetuneConfig
 from hf_clroute.backbones import char_lm_config, get_blocks, load_backbone, offline_model_path, tiny_bert_config, tiny_vit_config
+from hf_clroute.baselines.finetune import FinetuneConfig
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
 from hf_clroute.methods.rwf import HopfieldRouter, RoutedAttention, RwfConfig

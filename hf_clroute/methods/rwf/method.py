@@ -17,13 +17,12 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from ...backbones import get_blocks
-from ..base import ContinualMethod, StepContext
+from ..base import ContinualMethod
 from .config import RwfConfig
 from .hopfield import HopfieldRouter
 from .layer import RoutedAttention
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...data.streams import Experience
     from ...model import CLModel
 
 
