@@ -126,10 +126,16 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     from .registry import available_methods, get_method
+    from .suites import method_description, method_variants
 
     for name in available_methods():
         entry = get_method(name)
-        print(f"{name:12s} {entry.config_class.__name__}: {(entry.method_class.__doc__ or '').strip().splitlines()[0]}")
+        doc = (entry.method_class.__doc__ or "").strip()
+        summary = method_description(name) or (doc.splitlines()[0] if doc else "")
+        print(f"{name:16s} {entry.config_class.__name__}: {summary}")
+    print("\nbench variants (a registered method with other settings):")
+    for variant, method in method_variants():
+        print(f"{variant:22s} -> {method}: {method_description(variant)}")
     return 0
 
 

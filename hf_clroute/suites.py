@@ -112,6 +112,16 @@ def method_description(method: str) -> str:
     return json.loads(path.read_text()).get("description", "") if path.is_file() else ""
 
 
+def method_variants() -> list[tuple[str, str]]:
+    """(variant, registered method) for every settings file that configures another method."""
+    variants = []
+    for path in sorted((CONFIG_ROOT / "methods").glob("*.json")):
+        method = json.loads(path.read_text()).get("method", path.stem)
+        if method != path.stem:
+            variants.append((path.stem, method))
+    return variants
+
+
 def read_suite_file(name_or_path: str, _chain: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any]]:
     """A suite file's fields. A file with ``"base": "<suite>"`` is that suite with its own
     fields on top (nested ``training`` and ``quick`` merged key by key), so a study such as

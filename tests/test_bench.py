@@ -75,6 +75,13 @@ def test_a_suite_file_can_extend_another(tmp_path):
         SuiteConfig.load(str(loop))
 
 
+def test_methods_command_lists_methods_and_variants(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert "rwf" in out and "RwfConfig" in out and "ncm" in out
+    assert "lora-ctl" in out and "-> lora" in out and "mars-no-sgse" in out
+
+
 def test_a_method_variant_changes_only_what_it_lists():
     from hf_clroute.suites import method_settings
 
