@@ -24,7 +24,7 @@ from .model import get_cl_model
 from .plots import write_plots
 from .probes import forgetting_split
 from .registry import get_method
-from .suites import SuiteConfig, build_stream, load_suite_backbone
+from .suites import SuiteConfig, build_stream, drop_methods, load_suite_backbone
 
 METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
 PROBE_KEYS = ("shallow_forgetting", "deep_forgetting", "snr_final")
@@ -182,14 +182,6 @@ def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) 
     atomic_write_text(out / "results.md", results_markdown(merged))
     write_plots(merged, out / "plots")
     return merged
-
-
-def drop_methods(methods: dict[str, Any], drop: tuple[str, ...]) -> None:
-    unknown = sorted(set(drop) - set(methods))
-    if unknown:
-        raise ValueError(f"cannot drop {unknown}: not in these results (methods: {sorted(methods)})")
-    for method in drop:
-        del methods[method]
 
 
 def seed_row(seed: int, result: StreamResult, summary: dict[str, Any], curves: dict) -> dict[str, Any]:

@@ -112,6 +112,15 @@ def method_description(method: str) -> str:
     return json.loads(path.read_text()).get("description", "") if path.is_file() else ""
 
 
+def drop_methods(methods: dict[str, Any], drop: tuple[str, ...]) -> None:
+    """Remove ``drop`` from a results' ``methods`` (in place); an unknown name is an error."""
+    unknown = sorted(set(drop) - set(methods))
+    if unknown:
+        raise ValueError(f"cannot drop {unknown}: not in these results (methods: {sorted(methods)})")
+    for method in drop:
+        del methods[method]
+
+
 def method_variants() -> list[tuple[str, str]]:
     """(variant, registered method) for every settings file that configures another method."""
     variants = []
@@ -186,8 +195,6 @@ def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[di
         for method, aggregate in run["methods"].items():
             for row in aggregate["per_seed"]:
                 rows.setdefault(method, {})[row["seed"]] = row
-    from .bench import drop_methods
-
     drop_methods(rows, drop)
     header = {
         "suite": first["suite"],
