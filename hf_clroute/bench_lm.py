@@ -49,9 +49,9 @@ from .data import CausalLMCollator, load_source, text_domains
 from .engine import ContinualTrainer, TrainingConfig, make_accelerator
 from .io import atomic_write_text
 from .methods.apn import ApnConfig, FfnFinetuneConfig, PatchFFN, patch_overlap
-from .metrics import mean_std
+from .metrics import mean_std, perplexity_retention, retention
 from .model import get_cl_model
-from .suites import merge_seed_runs, method_settings, read_suite_file
+from .suites import method_settings, read_suite_file
 
 ARCHITECTURES = ("dense", "apn")
 ADAPTATIONS = ("all", "ffn")
@@ -166,8 +166,8 @@ def run_variant(suite: CharLMSuite, variant: str, seed: int, stream: list, token
         "seed": seed,
         "ppl_matrix": P,
         "untrained_ppl": result.untrained_accuracy,
-        "retention": P[1][0] / P[0][0] if len(P) > 1 else 1.0,
-        "retention_final": [P[-1][d] / P[d][d] for d in range(len(P) - 1)],
+        "retention": retention(P, domain=0, after=1) if len(P) > 1 else 1.0,
+        "retention_final": perplexity_retention(P)["retention"],
         "adaptation": [P[t][t] for t in range(1, len(P))],
         "train_samples_per_s": result.train_samples_per_s,
         "train_tokens_per_s": result.train_samples_per_s * suite.block_size,
@@ -247,11 +247,6 @@ def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
     atomic_write_text(out / "results.md", results_markdown(results))
     return results
-
-
-def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
-    """``hf-clroute merge``: one table from runs of this suite (e.g. one process per seed)."""
-    return merge_seed_runs(run_dirs, out, write_results, drop)
 
 
 # ------------------------------------------------------------------ report

@@ -47,7 +47,7 @@ from .flops import count_flops
 from .io import atomic_write_text
 from .methods.qoa import QoaConfig, QoaLearner, QueryOnlyAttention
 from .metrics import mean_std
-from .suites import merge_seed_runs, read_suite_file
+from .suites import read_suite_file
 
 ALL_METHODS = ("qoa", "full_attention", "backprop", "cbp")
 
@@ -450,11 +450,6 @@ def write_results(header: dict, runs: dict[str, list[dict[str, Any]]], out: Path
     plot(results, out / "plasticity.png")
     atomic_write_text(out / "results.md", results_markdown(results))
     return results
-
-
-def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
-    """``hf-clroute merge``: one table from runs of this suite (e.g. methods or seeds in parallel)."""
-    return merge_seed_runs(run_dirs, out, write_results, drop)
 
 
 def _fmt(stat: dict[str, float] | None, scale: float, digits: int) -> str:

@@ -62,16 +62,17 @@ def record_command(results_file: Path, *commands: str) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    import importlib
     import json
 
     from .bench import merge_run_dirs
+    from .suites import import_runner, merge_seed_runs
 
-    run_dirs = [Path(d) for d in args.run_dirs]
+    run_dirs, drop = [Path(d) for d in args.run_dirs], tuple(args.drop or ())
     runner = json.loads((run_dirs[0] / "results.json").read_text())["config"].get("runner")
-    if runner:  # a suite with its own runner merges its own results
-        merge_run_dirs = importlib.import_module(runner.partition(":")[0]).merge_run_dirs
-    merged = merge_run_dirs(run_dirs, Path(args.out), tuple(args.drop or ()))
+    if runner:  # a suite with its own runner re-aggregates the joined rows with its own write_results
+        merged = merge_seed_runs(run_dirs, Path(args.out), import_runner(runner, "write_results"), drop)
+    else:
+        merged = merge_run_dirs(run_dirs, Path(args.out), drop)
     command = f"hf-clroute merge {' '.join(args.run_dirs)} --out {args.out}" + (f" --drop {','.join(args.drop)}" if args.drop else "")
     record_command(Path(args.out) / "results.json", *merged.get("commands", []), command)
     print((Path(args.out) / "results.md").read_text())

@@ -30,7 +30,8 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from .data.streams import Experience
-from .evaluation import EvalTimer, evaluate_experience, model_inputs, task_mask_logits, test_loader
+from .evaluation import EvalTimer, evaluate_experience, model_inputs, test_loader
+from .heads import task_mask_logits
 from .io import atomic_write_text
 from .methods.base import StepContext
 from .model import CLModel

@@ -17,6 +17,7 @@ from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from .data.streams import Experience
+from .heads import task_mask_logits
 from .model import CLModel
 
 
@@ -42,15 +43,6 @@ def sequence_nll(model: CLModel, batch: dict[str, torch.Tensor]) -> tuple[torch.
     labels = batch["labels"][:, 1:]
     nll = F.cross_entropy(logits.transpose(1, 2).float(), labels, ignore_index=-100, reduction="none")
     return nll.sum(dim=1), (labels != -100).sum(dim=1)
-
-
-def task_mask_logits(logits: torch.Tensor, classes: list[int] | None) -> torch.Tensor:
-    """Keep only ``classes`` (task-incremental: the task id is known)."""
-    if classes is None:
-        return logits
-    mask = torch.full_like(logits, float("-inf"))
-    mask[:, classes] = 0.0
-    return logits + mask
 
 
 @torch.no_grad()

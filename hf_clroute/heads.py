@@ -133,3 +133,12 @@ def _grow_to_checkpoint(
     stored = state_dict.get(prefix + "weight")
     if stored is not None and stored.shape[0] > module.num_classes:
         module.grow(stored.shape[0])
+
+
+def task_mask_logits(logits: torch.Tensor, classes: list[int] | None) -> torch.Tensor:
+    """Keep only ``classes`` in the softmax (task-incremental evaluation; current-task training losses)."""
+    if classes is None:
+        return logits
+    mask = torch.full_like(logits, float("-inf"))
+    mask[:, classes] = 0.0
+    return logits + mask

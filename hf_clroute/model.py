@@ -190,7 +190,8 @@ def tensor_checksum(tensors: dict[str, torch.Tensor]) -> str:
     digest = hashlib.sha256()
     for key in sorted(tensors):
         digest.update(key.encode())
-        digest.update(tensors[key].contiguous().view(torch.uint8).numpy().tobytes())
+        # reshape(-1): a 0-dim tensor (a counter buffer) cannot be viewed as bytes; same bytes otherwise
+        digest.update(tensors[key].contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 

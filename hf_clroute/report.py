@@ -28,9 +28,10 @@ def write_benchmarks(results_root: Path, out: Path) -> Path:
     plots are redrawn from the JSON so they always match it."""
     from .plots import write_plots
 
+    runs = {path: json.loads(path.read_text()) for path in sorted(results_root.glob("*/results.json"))}
+    classification = {r["suite"]: r["methods"] for r in runs.values() if "reference" in r}
     sections = []
-    for results_file in sorted(results_root.glob("*/results.json")):
-        results = json.loads(results_file.read_text())
+    for results_file, results in runs.items():
         if "reference" in results:  # a classification bench run (other runners draw their own plots)
             write_plots(results, results_file.parent / "plots")
         table = (results_file.parent / "results.md").read_text().split("\n", 1)[1].strip()
@@ -43,18 +44,8 @@ def write_benchmarks(results_root: Path, out: Path) -> Path:
         sections.append(
             f"## {results['suite']}\n\n```bash\n{command}\n```\n\n{table}\n" + (f"\nPlots: {links}\n" if links else "")
         )
-    atomic_write_text(out, HEADER + summary_table(results_root) + study_tables(results_root) + "\n".join(sections))
+    atomic_write_text(out, HEADER + summary_table(classification) + study_tables(classification) + "\n".join(sections))
     return out
-
-
-def classification_suites(results_root: Path) -> dict[str, dict]:
-    """{suite: its methods' rows} for every classification bench run under ``results_root``."""
-    suites = {}
-    for results_file in sorted(results_root.glob("*/results.json")):
-        results = json.loads(results_file.read_text())
-        if "reference" in results:
-            suites[results["suite"]] = results["methods"]
-    return suites
 
 
 def _a_t(row: dict | None) -> str:
@@ -62,11 +53,10 @@ def _a_t(row: dict | None) -> str:
     return f"{stat['mean'] * 100:.1f} ± {stat['std'] * 100:.1f}" if stat else "—"
 
 
-def study_tables(results_root: Path) -> str:
+def study_tables(suites: dict[str, dict]) -> str:
     """A suite named ``<base>-<variant>`` (a suite file extending ``<base>``, e.g. at 20% of the data
     or with another task count) is set beside its base: A_T of the methods run on all of them and
-    the change from the base (points)."""
-    suites = classification_suites(results_root)
+    the change from the base (points). ``suites``: {classification suite: its methods' rows}."""
     out = []
     for base, base_rows in suites.items():
         variants = [name for name in suites if name.startswith(base + "-")]
@@ -86,10 +76,9 @@ def study_tables(results_root: Path) -> str:
     return ("## Studies\n\n" + "\n".join(out) + "\n") if out else ""
 
 
-def summary_table(results_root: Path) -> str:
+def summary_table(every: dict[str, dict]) -> str:
     """A_T (mean ± std, %) of every method on every classification suite, side by side
     (variants of a suite go to :func:`study_tables`)."""
-    every = classification_suites(results_root)
     suites = {name: rows for name, rows in every.items() if not any(name.startswith(other + "-") for other in every)}
     if not suites:
         return ""

@@ -165,16 +165,20 @@ def suite_runner(name_or_path: str) -> Callable | None:
     """The ``runner`` a suite file names ("package.module:function"), or None for classification.
 
     Such a runner is called as ``runner(name_or_path, methods=..., seeds=..., quick=..., out=...)``
-    and must write ``out/results.json`` and ``out/results.md``. Its module may define
-    ``merge_run_dirs(run_dirs, out)`` so ``hf-clroute merge`` can join its runs.
+    and must write ``out/results.json`` and ``out/results.md``. Its module also defines
+    ``write_results(header, rows_by_method, out)``, with which ``hf-clroute merge`` re-aggregates
+    joined runs (:func:`merge_seed_runs`).
     """
+    spec = read_suite_file(name_or_path)[1].get("runner")
+    return import_runner(spec) if spec else None
+
+
+def import_runner(spec: str, attribute: str | None = None) -> Callable:
+    """The function a "package.module:function" runner spec names (or another ``attribute`` of its module)."""
     import importlib
 
-    _, data = read_suite_file(name_or_path)
-    if "runner" not in data:
-        return None
-    module, _, function = data["runner"].partition(":")
-    return getattr(importlib.import_module(module), function)
+    module, _, function = spec.partition(":")
+    return getattr(importlib.import_module(module), attribute or function)
 
 
 def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[dict, dict, Path], dict],

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import CLConfig
+from ..heads import task_mask_logits
 
 if TYPE_CHECKING:  # pragma: no cover
     from accelerate import Accelerator
@@ -89,10 +90,7 @@ class ContinualMethod(nn.Module):
             # Earlier classes leave the softmax (unless in the batch, e.g. replayed), so their head
             # rows get no push-down from new samples: the recency bias of a shared class-IL head.
             # A one-class task keeps every class (a one-logit softmax has no gradient).
-            keep = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
-            keep[self.task_classes] = True
-            keep[labels] = True
-            logits = logits.masked_fill(~keep, float("-inf"))
+            logits = task_mask_logits(logits, sorted(set(self.task_classes) | set(labels.tolist())))
         return F.cross_entropy(logits, labels)
 
     def extra_losses(

@@ -211,12 +211,12 @@ class Mars(ContinualMethod):
     def _observe(self, query: torch.Tensor, confidence: torch.Tensor, step: int) -> None:
         """Seed the keys from the first queries, then feed every input to SGSE."""
         cfg = self.config
-        for i in range(len(confidence)):
+        for i, value in enumerate(confidence.tolist()):  # one device sync per step, not per input
             if self.keys_seeded < cfg.num_slots:
                 self.memory.set_key(self.keys_seeded, query[i])
                 self.keys_seeded += 1
                 continue
-            if cfg.use_sgse and self.sgse.observe(float(confidence[i]), query[i]):
+            if cfg.use_sgse and self.sgse.observe(value, query[i]):
                 self._expand(step)
 
     def _expand(self, step: int) -> None:

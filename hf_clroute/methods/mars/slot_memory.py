@@ -71,17 +71,16 @@ class SlotMemory(nn.Module):
         self.keys = nn.Parameter(F.normalize(torch.randn(max_slots, query_dim, generator=generator), dim=-1))
         self.gamma = nn.Parameter(torch.ones(max_slots, hidden_size))
         self.beta = nn.Parameter(torch.zeros(max_slots, hidden_size))
-        # Shape (1,), not a 0-dim scalar: the adapter checksum views every tensor as bytes.
-        self.register_buffer("num_active", torch.tensor([num_slots], dtype=torch.long))
+        self.register_buffer("num_active", torch.tensor(num_slots, dtype=torch.long))
         self.register_buffer("stat_mass", torch.zeros(max_slots))
         self.register_buffer("stat_sum", torch.zeros(max_slots, hidden_size))
 
     @property
     def num_slots(self) -> int:
-        return int(self.num_active[0])
+        return int(self.num_active)
 
     def active_mask(self) -> torch.Tensor:
-        return torch.arange(self.max_slots, device=self.keys.device) < self.num_active[0]
+        return torch.arange(self.max_slots, device=self.keys.device) < self.num_active
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(query, routing probabilities) for features ``h``."""
