@@ -276,29 +276,6 @@ def pooled_features(
     return _POOLERS[spec.pooling](base_model_outputs.last_hidden_state, attention_mask)
 
 
-class FeatureExtractor(nn.Module):
-    """``forward(**inputs) -> (B, d)`` pooled features of a backbone.
-
-    Holds a reference to the base model (a submodule, so ``.to``/``.eval`` and
-    ``parameters()`` reach it); the HF model itself is never modified.
-    """
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.base_model = get_base_model(model)
-        self.spec = get_backbone_spec(self.base_model)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.spec.hidden_size(self.base_model)
-
-    def forward(self, **inputs: Any) -> torch.Tensor:
-        if self.spec.causal:
-            inputs.setdefault("use_cache", False)  # no KV cache for a single pass
-        outputs = self.base_model(**inputs)
-        return pooled_features(self.spec, outputs, inputs.get("attention_mask"))
-
-
 def load_backbone(
     name_or_path: str | os.PathLike,
     *,

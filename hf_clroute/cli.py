@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .hub import HubPushError
+from .io import HubPushError  # stdlib-only module: keeps `hf-clroute --help` fast
+
 
 
 def _csv(kind):
@@ -27,8 +28,8 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import run_bench
-    from .suites import SuiteConfig, suite_runner
+    from .bench.classification import run_bench
+    from .bench.suites import SuiteConfig, suite_runner
 
     out = Path(args.out)
     runner = suite_runner(args.suite)
@@ -64,8 +65,8 @@ def record_command(results_file: Path, *commands: str) -> None:
 def cmd_merge(args: argparse.Namespace) -> int:
     import json
 
-    from .bench import merge_run_dirs
-    from .suites import import_runner, merge_seed_runs
+    from .bench.classification import merge_run_dirs
+    from .bench.suites import import_runner, merge_seed_runs
 
     run_dirs, drop = [Path(d) for d in args.run_dirs], tuple(args.drop or ())
     runner = json.loads((run_dirs[0] / "results.json").read_text())["config"].get("runner")
@@ -85,7 +86,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from .hub import push_run
+    from .bench.publish import push_run
 
     url = push_run(args.run_dir, args.repo_id, method=args.method, private=args.private)
     print(f"pushed {args.run_dir} ({args.method or 'its adapter'}) to {args.repo_id}: {url}")
@@ -94,11 +95,10 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Load an adapter (local dir or Hub repo id) and score it on every task of a suite."""
-    from .engine import TrainingConfig, make_accelerator
-    from .evaluation import evaluate_experience, test_loader
+    from .bench.suites import SuiteConfig, build_stream, load_suite_backbone
+    from .engine import TrainingConfig, evaluate_experience, make_accelerator, test_loader
     from .methods.base import StepContext
     from .model import CLModel
-    from .suites import SuiteConfig, build_stream, load_suite_backbone
 
     suite = SuiteConfig.load(args.suite)
     suite = suite.quick_version() if args.quick else suite
@@ -106,7 +106,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     model = CLModel.from_pretrained(backbone, args.adapter)
     accelerator = make_accelerator(TrainingConfig())
     model.to(accelerator.device)
-    model.method.before_evaluation(model, StepContext(accelerator, task_id=0))
+    model.method.before_evaluation(model, StepContext(task_id=0))
     scores = []
     for experience in build_stream(suite, args.seed):
         loader = test_loader(experience, collator, 256, accelerator)
@@ -118,7 +118,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .report import write_benchmarks
+    from .bench.report import write_benchmarks
 
     path = write_benchmarks(Path(args.results), Path(args.out))
     print(f"wrote {path}")
@@ -127,7 +127,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_methods(args: argparse.Namespace) -> int:
     from .registry import available_methods, get_method
-    from .suites import method_description, method_variants
+    from .bench.settings import method_description, method_variants
 
     for name in available_methods():
         entry = get_method(name)

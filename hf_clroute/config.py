@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from .io import atomic_write_text, resolve_pretrained_dir
+from .metrics.continual import SCENARIOS
 
 CONFIG_NAME = "adapter_config.json"
 
@@ -53,11 +54,9 @@ class CLConfig:
         },
     )
 
-    SCENARIOS: ClassVar[tuple[str, ...]] = ("class", "domain", "task")
-
     def __post_init__(self) -> None:
-        if self.scenario not in self.SCENARIOS:
-            raise ValueError(f"scenario must be one of {self.SCENARIOS}, got {self.scenario!r}")
+        if self.scenario not in SCENARIOS:
+            raise ValueError(f"{type(self).__name__}.scenario must be one of {SCENARIOS}, got {self.scenario!r}")
 
     # ---- validation helpers shared by subclasses --------------------------------
     def _check_positive(self, *names: str) -> None:
@@ -117,13 +116,8 @@ class CLConfig:
         """Upload ``adapter_config.json`` alone (``CLModel.push_to_hub`` uploads the weights too)."""
         import tempfile
 
-        from .hub import push_folder
+        from .io import push_folder
 
         with tempfile.TemporaryDirectory(prefix="hf_clroute_config_") as tmp:
             self.save_pretrained(tmp)
             return push_folder(tmp, repo_id, **kwargs)
-
-    @classmethod
-    def field_help(cls) -> dict[str, str]:
-        """Field name -> help text, for CLI help and docs."""
-        return {f.name: f.metadata.get("help", "") for f in dataclasses.fields(cls)}

@@ -1,17 +1,23 @@
-"""Small file helpers: atomic writes and "local dir or Hub id" resolution.
+"""Small file helpers: atomic writes, "local dir or Hub id" resolution, pushing a folder.
 
 Every file we write goes to a temporary name in the same directory and is then
 renamed over the target: a crash or a full disk never leaves a half-written
-checkpoint where a good one used to be.
+checkpoint where a good one used to be. A push first writes everything to a
+temporary directory and uploads that in one commit, so a failed push leaves the
+caller's files exactly as they were and the remote repo at its previous commit.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .model import CLModel
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
@@ -67,3 +73,40 @@ def refuse_pickles(directory: Path, expected: str) -> None:
             "load pickles (they can run arbitrary code). Convert the weights to safetensors."
         )
     raise FileNotFoundError(f"no {expected} in {directory}")
+
+
+# ---- pushing to the Hub (or any Hub-compatible server at ``HF_ENDPOINT``) ----
+class HubPushError(RuntimeError):
+    """A push failed; the local files are untouched."""
+
+
+def push_folder(
+    folder: str | os.PathLike,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool = False,
+    commit_message: str = "Upload hf_clroute adapter",
+) -> str:
+    """Create the repo if needed and upload ``folder`` in one commit; returns the commit URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    try:
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, commit_message=commit_message)
+    except Exception as err:  # the client raises many types (HTTP, connection, auth)
+        # Never echo the token: only the error's type and message.
+        raise HubPushError(
+            f"push of {folder} to {repo_id!r} failed ({type(err).__name__}: {err}); local files are intact"
+        ) from err
+    return str(info)
+
+
+def push_adapter(model: "CLModel", repo_id: str, *, extra_dir: str | os.PathLike | None = None, **kwargs) -> str:
+    """Save ``model`` (plus files in ``extra_dir``, e.g. a card and plots) and push them."""
+    with tempfile.TemporaryDirectory(prefix="hf_clroute_push_") as tmp:
+        if extra_dir is not None:
+            shutil.copytree(extra_dir, tmp, dirs_exist_ok=True)
+        model.save_pretrained(Path(tmp))
+        return push_folder(tmp, repo_id, **kwargs)

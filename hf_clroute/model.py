@@ -26,12 +26,12 @@ from .backbones import get_backbone_spec, get_base_model, pooled_features
 from .config import CONFIG_NAME, CLConfig
 from .heads import IncrementalClassifier
 from .io import atomic_path, refuse_pickles, resolve_pretrained_dir
+from .outputs import CLModelOutput, backbone_inputs
 from .registry import get_method
 
 WEIGHTS_NAME = "adapter_model.safetensors"
 _STATE_KEY = "hf_clroute.state"
 _CHECKSUM_KEY = "hf_clroute.sha256"
-_MODEL_INPUTS = ("pixel_values", "input_ids", "attention_mask", "token_type_ids")
 
 
 class CLModel(nn.Module):
@@ -76,14 +76,17 @@ class CLModel(nn.Module):
         (the bench caches them for methods that leave the frozen backbone untouched)."""
         if "features" in inputs:
             return inputs["features"]
-        outputs = self.backbone(**{k: v for k, v in inputs.items() if k in _MODEL_INPUTS})
+        outputs = self.backbone(**backbone_inputs(inputs))
         return pooled_features(self.spec, outputs, inputs.get("attention_mask"))
 
-    def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
-        """Class logits over every class seen so far (or LM outputs for a causal LM)."""
-        if self.spec.modality == "lm":
-            return self.backbone(**inputs)
-        return self.method.logits(self, inputs)
+    def forward(self, **batch: torch.Tensor) -> CLModelOutput:
+        """One call per step, as in Accelerate's examples: ``out = model(**batch)``.
+
+        ``out.logits`` are over every class seen so far (a causal LM: next-token logits);
+        with ``labels`` in the batch, ``out.loss`` is the method's whole loss (named terms
+        in ``out.losses``), computed here so the graph runs under DDP as one forward.
+        """
+        return self.method(self, batch)
 
     def grow_head(self, num_classes: int) -> None:
         """Grow the head to ``num_classes`` outputs (never shrinks).
@@ -180,8 +183,8 @@ class CLModel(nn.Module):
         self.load_state_dict(tensors, strict=False)
 
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
-        """Save to a temporary dir and upload it in one commit; see ``hf_clroute.hub``."""
-        from .hub import push_adapter
+        """Save to a temporary dir and upload it in one commit; see ``hf_clroute.io.push_folder``."""
+        from .io import push_adapter
 
         return push_adapter(self, repo_id, **kwargs)
 

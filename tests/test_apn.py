@@ -12,7 +12,8 @@ from hf_clroute.backbones import char_lm_config, get_blocks, tiny_bert_config, t
 from hf_clroute.char_tokenizer import CharTokenizer
 from hf_clroute.data import CausalLMCollator, load_source, text_domains
 from hf_clroute.engine import make_accelerator
-from hf_clroute.methods.apn import ApnConfig, FfnFinetuneConfig, PatchFFN, patch_overlap
+from hf_clroute.baselines import FfnFinetuneConfig
+from hf_clroute.methods.apn import ApnConfig, PatchFFN, patch_overlap
 from hf_clroute.methods.base import StepContext
 from hf_clroute.model import CLModel
 
@@ -138,10 +139,10 @@ def test_adapter_mode_keeps_shapes_starts_at_the_pretrained_function_and_round_t
             bank_.decoders.normal_()
     out = model.backbone(**inputs).last_hidden_state
     assert out.shape == reference.shape and not torch.allclose(out, reference)
-    assert model(**inputs).shape == (3, 3)
+    assert model(**inputs).logits.shape == (3, 3)
     model.save_pretrained(tmp_path)
     loaded = CLModel.from_pretrained(backbone(), tmp_path).eval()
-    assert torch.equal(loaded(**inputs), model(**inputs))
+    assert torch.equal(loaded(**inputs).logits, model(**inputs).logits)
 
 
 def test_bert_replace_mode_is_refused():
@@ -217,28 +218,28 @@ def test_ffn_only_adaptation_trains_only_the_ffns_on_later_domains(two_domains, 
         assert torch.equal(loaded.method.patch_usage, usage)
 
 
-def test_load_balance_term_reaches_the_engine_through_extra_losses():
+def test_load_balance_term_is_part_of_the_forward_loss():
     model = get_cl_model(tiny_lm(), lm_config(load_balance_weight=0.5))
     model.train()
     ids = torch.randint(4, VOCAB, (2, 8))
-    model(input_ids=ids, labels=ids)
-    terms = model.method.extra_losses(model, {}, None)
-    assert set(terms) == {"load_balance"} and terms["load_balance"].requires_grad
+    out = model(input_ids=ids, labels=ids)  # the loss, load balance included, comes out of the one call
+    assert set(out.losses) == {"ce", "load_balance"} and out.losses["load_balance"].requires_grad
+    torch.testing.assert_close(out.loss, out.losses["ce"] + out.losses["load_balance"])
     assert model.method.extra_losses(model, {}, None) == {}  # consumed once
-    model.method.after_step(model, {}, None, StepContext(None, 0))
+    model.method.after_step(model, {}, out, StepContext(0))
     assert model.method._pending.sum().item() == 2 * 2 * 8 * 2  # banks x tokens x top_k per bank
 
 
 def test_charlm_runner_end_to_end_on_a_tiny_suite(tmp_path):
     import json
 
-    from hf_clroute.bench_lm import expand_variants, run
+    from hf_clroute.bench.lm import expand_variants, run
 
     assert expand_variants(["apn", "dense-all"]) == ["apn-all", "apn-ffn", "dense-all"]
     with pytest.raises(ValueError, match="variant"):
         expand_variants(["lora-all"])
     suite = {
-        "name": "charlm-domains", "runner": "hf_clroute.bench_lm:run", "domains": ["shakespeare", "kjv", "python_code"],
+        "name": "charlm-domains", "runner": "hf_clroute.bench.lm:run", "domains": ["shakespeare", "kjv", "python_code"],
         "model": {"n_layer": 1, "n_embd": 16, "n_head": 2}, "block_size": 32, "train_chars": 1500, "test_chars": 300,
         "training": {"batch_size": 8, "learning_rate": 0.003}, "methods": ["dense-ffn", "apn-ffn"],
     }

@@ -6,6 +6,7 @@ Tiny configs are built in code; only the MiniLM test reads a real checkpoint
 
 from __future__ import annotations
 
+import functools
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -28,7 +29,6 @@ from transformers.pytorch_utils import Conv1D  # noqa: E402
 from hf_clroute.backbones import (  # noqa: E402
     BACKBONES,
     BLOCK_PARTS,
-    FeatureExtractor,
     UnsupportedBackboneError,
     char_lm_config,
     get_backbone_spec,
@@ -36,15 +36,25 @@ from hf_clroute.backbones import (  # noqa: E402
     get_block_part,
     get_blocks,
     load_backbone,
+    pooled_features,
     offline_model_path,
     tiny_bert_config,
     tiny_vit_config,
 )
 from hf_clroute.char_tokenizer import CharTokenizer  # noqa: E402
-from hf_clroute.heads import IncrementalClassifier  # noqa: E402
+from hf_clroute.heads import IncrementalClassifier, task_mask_logits  # noqa: E402
 
 CORPUS = ["To be, or not to be, that is the question:\n", "Whether 'tis nobler in the mind"]
 
+
+
+def pooled(model: nn.Module, **inputs) -> torch.Tensor:
+    """(B, d) pooled features of a backbone, as ``CLModel.extract_features`` computes them."""
+    base = get_base_model(model)
+    spec = get_backbone_spec(base)
+    if spec.causal:
+        inputs.setdefault("use_cache", False)
+    return pooled_features(spec, base(**inputs), inputs.get("attention_mask"))
 
 def _tiny_char_lm(tokenizer: CharTokenizer, **overrides) -> GPT2LMHeadModel:
     config = char_lm_config(
@@ -98,7 +108,7 @@ def test_map_finds_parts(family: str) -> None:
     names = {name.rsplit(".", 1)[-1] for name, _ in base.named_modules()}
     assert set(spec.lora_target_modules) <= names
     assert spec.hidden_size(model) == 32
-    features = FeatureExtractor(model)(**_inputs(family))
+    features = pooled(model, **_inputs(family))
     assert features.shape == (2, 32)
 
 
@@ -134,12 +144,12 @@ def test_vit_pools_cls_after_final_layernorm() -> None:
     inputs = _inputs("vit")
     with torch.no_grad():
         expected = model(**inputs).last_hidden_state[:, 0]
-        assert torch.equal(FeatureExtractor(model)(**inputs), expected)
+        assert torch.equal(pooled(model, **inputs), expected)
 
 
 def _padded_vs_alone(model: nn.Module, ids: list[list[int]], pad_id: int) -> None:
     """Features of each sequence alone == its features in a right-padded batch."""
-    extractor = FeatureExtractor(model).eval()
+    extractor = functools.partial(pooled, model.eval())
     width = max(map(len, ids))
     batch = torch.tensor([seq + [pad_id] * (width - len(seq)) for seq in ids])
     mask = torch.tensor([[1] * len(seq) + [0] * (width - len(seq)) for seq in ids])
@@ -173,7 +183,7 @@ def test_attention_mask_format_seen_by_attention(attn: str, dtype: torch.dtype) 
         spec = get_backbone_spec(model)
         module = get_block_part(get_blocks(model)[0], spec, "attention")
         module.register_forward_pre_hook(record(family), with_kwargs=True)
-        FeatureExtractor(model)(**_inputs(family))
+        pooled(model, **_inputs(family))
         assert seen[family].dtype == dtype and seen[family].shape == (2, 1, 4, 4)
 
 
@@ -182,7 +192,7 @@ def test_minilm_loads_offline_with_mean_pooling() -> None:
     assert isinstance(model, BertModel)
     sentences = ["A man is playing a guitar.", "Someone plays a guitar on stage tonight.",
                  "The stock market fell sharply."]
-    extractor = FeatureExtractor(model).eval()
+    extractor = functools.partial(pooled, model.eval())
     with torch.no_grad():
         batch = extractor(**tokenizer(sentences, padding=True, return_tensors="pt"))
         alone = extractor(**tokenizer(sentences[:1], return_tensors="pt"))
@@ -236,19 +246,16 @@ def test_classifier_growth_keeps_old_logits_and_masks() -> None:
     twin = IncrementalClassifier(8, 2, generator=torch.Generator().manual_seed(0))
     twin.grow(5, generator=torch.Generator().manual_seed(1))
     assert torch.equal(twin(x), after)  # growth is deterministic given the generator
-    head.observe(torch.tensor([0, 3]))
-    masked = head(x, active_classes="seen")
+    masked = task_mask_logits(after, [0, 3])
     assert torch.isinf(masked[:, [1, 2, 4]]).all()
     assert torch.equal(masked[:, [0, 3]], after[:, [0, 3]])
-    assert torch.isinf(head(x, active_classes=[2, 3])[:, [0, 1, 4]]).all()
     with pytest.raises(ValueError):
         head.grow(3)
 
 
 def test_classifier_loads_into_smaller_head() -> None:
     head = IncrementalClassifier(8, 4)
-    head.observe([1])
     fresh = IncrementalClassifier(8)
     fresh.load_state_dict(head.state_dict())
     x = torch.randn(2, 8)
-    assert fresh.num_classes == 4 and torch.equal(fresh(x, "seen"), head(x, "seen"))
+    assert fresh.num_classes == 4 and torch.equal(fresh(x), head(x))

@@ -25,7 +25,7 @@ from hf_clroute.baselines import (
 )
 from hf_clroute.data import ImageCollator, TextClassificationCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
-from hf_clroute.evaluation import model_inputs
+from hf_clroute.outputs import model_inputs
 from hf_clroute.model import WEIGHTS_NAME, CLModel
 
 IMAGE_METHODS = {
@@ -121,9 +121,7 @@ def assert_bit_identical_reload(model, make_backbone, tmp_path, batch):
     assert loaded.extra_state() == model.extra_state()
     model.eval(), loaded.eval()
     with torch.no_grad():
-        ours, theirs = model(**model_inputs(batch)), loaded(**model_inputs(batch))
-    if model.spec.modality == "lm":
-        ours, theirs = ours.logits, theirs.logits
+        ours, theirs = model(**model_inputs(batch)).logits, loaded(**model_inputs(batch)).logits
     assert torch.equal(ours, theirs)
     return loaded
 
@@ -189,7 +187,7 @@ def test_prompt_tuning_keeps_shapes_and_points_vit_users_to_vpt(text_stream, tok
         p, q = plain.extract_features(batch), prompted.method.features(prompted, batch)
     assert p.shape == q.shape == (3, 32) and not torch.allclose(p, q)
     # Only the PEFT prompt (+ head, empty before any task) is trainable; no backbone tensor saved.
-    assert set(prompted.adapter_state_dict()) == {"method.prompt_encoder.default.embedding.weight", "head.weight", "head.bias", "head.seen"}
+    assert set(prompted.adapter_state_dict()) == {"method.prompt_encoder.default.embedding.weight", "head.weight", "head.bias"}
     with pytest.raises(ValueError, match=r"supports \('text',\).*use 'vpt'"):
         get_cl_model(tiny_vit(), PromptTuningBaselineConfig())
 
@@ -224,9 +222,9 @@ def test_er_trains_on_current_plus_replayed_batch(image_stream):
     batch = image_collator()([image_stream[0].train[i] for i in range(8)])
     model.method.buffer.add(batch)
     model.train()
-    logits = model(**model_inputs(batch))
-    extra = model.method.extra_losses(model, batch, logits)
-    assert logits.shape == (8, 4) and set(extra) == {"replay"} and extra["replay"] > 0
+    out = model(**batch)
+    assert out.logits.shape == (8, 4) and set(out.losses) == {"ce", "replay"} and out.losses["replay"] > 0
+    torch.testing.assert_close(out.loss, out.losses["ce"] + out.losses["replay"])
 
 
 def test_ewc_penalty_is_zero_at_the_anchor_and_grows_away_from_it(fitted_image):
@@ -250,15 +248,15 @@ def test_lwf_is_zero_when_the_model_equals_its_snapshot(image_stream, fitted_ima
     lwf, inputs = model.method, model_inputs(first_test_batch(image_stream, image_collator()))
     assert lwf.num_old_classes == 4
     model.train()
-    assert lwf.distillation(model, inputs, model(**inputs)).item() == pytest.approx(0.0, abs=1e-6)
+    assert lwf.distillation(model, inputs, model(**inputs).logits).item() == pytest.approx(0.0, abs=1e-6)
     with torch.no_grad():
         model.head.weight.mul_(3.0)
-    assert lwf.distillation(model, inputs, model(**inputs)).item() > 1e-3
+    assert lwf.distillation(model, inputs, model(**inputs).logits).item() > 1e-3
     # The teacher now differs from the model: it is saved, and reloads as it was.
     lwf.after_step(model, None, None, None)
     loaded = CLModel.from_pretrained(tiny_vit(), _saved(model, tmp_path))
-    assert loaded.method.distillation(loaded, inputs, loaded(**inputs)).item() == pytest.approx(
-        lwf.distillation(model, inputs, model(**inputs)).item()
+    assert loaded.method.distillation(loaded, inputs, loaded(**inputs).logits).item() == pytest.approx(
+        lwf.distillation(model, inputs, model(**inputs).logits).item()
     )
 
 
@@ -270,7 +268,7 @@ def test_lwf_teacher_is_not_saved_at_a_task_boundary(image_stream, fitted_image,
     loaded = CLModel.from_pretrained(tiny_vit(), saved)
     inputs = model_inputs(first_test_batch(image_stream, image_collator()))
     loaded.method.on_task_start(loaded, image_stream[0], None)  # rebuilds the teacher from the weights
-    assert loaded.method.distillation(loaded, inputs, loaded(**inputs)).item() == pytest.approx(0.0, abs=1e-6)
+    assert loaded.method.distillation(loaded, inputs, loaded(**inputs).logits).item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_joint_stream_at_task_t_covers_tasks_up_to_t(image_stream):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from hf_clroute.cli import main
-from hf_clroute.suites import SuiteConfig, builtin_suites
+from hf_clroute.bench.suites import SuiteConfig, builtin_suites
 
 METHOD_KEYS = {
     "A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC", "trainable_params", "trainable_pct",
@@ -34,16 +34,16 @@ def test_bench_writes_results_in_the_shared_shape(tiny_suite, tmp_path, capsys):
 
 
 def test_cached_features_give_the_same_ncm_result_as_raw_inputs(tiny_suite, tmp_path):
-    from hf_clroute.bench import run_method
-    from hf_clroute.feature_cache import FeatureCollator, cache_stream_features
-    from hf_clroute.suites import build_stream, load_suite_backbone
+    from hf_clroute.bench.classification import run_method
+    from hf_clroute.bench.feature_cache import FeatureCollator, cache_stream_features
+    from hf_clroute.bench.suites import build_stream, load_suite_backbone
 
     suite = SuiteConfig.load(str(tiny_suite))
     stream = build_stream(suite, seed=0)
-    raw, _ = run_method(suite, "ncm", 0, stream=stream, progress=False)
+    raw, _, _ = run_method(suite, "ncm", 0, stream=stream, progress=False)
     backbone, collator = load_suite_backbone(suite)
     cached_stream, _ = cache_stream_features(backbone, stream, collator)
-    cached, _ = run_method(suite, "ncm", 0, stream=cached_stream, collator=FeatureCollator(), progress=False)
+    cached, _, _ = run_method(suite, "ncm", 0, stream=cached_stream, collator=FeatureCollator(), progress=False)
     assert sum(cached.accuracy_matrix, []) == pytest.approx(sum(raw.accuracy_matrix, []), abs=1e-6)
 
 
@@ -83,12 +83,13 @@ def test_methods_command_lists_methods_and_variants(capsys):
 
 
 def test_a_method_variant_changes_only_what_it_lists():
-    from hf_clroute.suites import method_settings
+    from hf_clroute.bench.settings import resolve_run
 
-    lora, variant = method_settings("lora", "split-mnist"), method_settings("lora-ctl", "split-mnist")
-    assert variant["method"] == "lora" and variant["training"] == lora["training"]
-    assert variant["config"] == {**lora["config"], "current_task_loss": True}
-    assert SuiteConfig.load("split-mnist").adapter_config("lora-ctl").current_task_loss
+    suite = SuiteConfig.load("split-mnist")
+    lora, variant = resolve_run(suite, "lora", 0), resolve_run(suite, "lora-ctl", 0)
+    assert variant.registered_method == "lora" and variant.training == lora.training
+    assert variant.adapter_config.to_dict() == {**lora.adapter_config.to_dict(), "current_task_loss": True}
+    assert variant.sources["config.current_task_loss"] == "configs/methods/lora-ctl.json"
 
 
 def test_merge_joins_seeds_run_as_separate_invocations(tiny_suite, tmp_path):
@@ -120,8 +121,8 @@ def test_the_wheel_ships_the_builtin_suites_and_the_card_template(tmp_path):
     import zipfile
     from pathlib import Path
 
-    from hf_clroute.cards import TEMPLATE
-    from hf_clroute.suites import CONFIG_ROOT
+    from hf_clroute.bench.cards import TEMPLATE
+    from hf_clroute.bench.settings import CONFIG_ROOT
 
     repo = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(repo), "--no-deps", "--no-build-isolation", "-q",

@@ -301,6 +301,40 @@ def test_load_text_corpus(tmp_path):
         load_text_corpus(corpus, text_column="body")
 
 
+def test_load_text_corpus_local_references(tmp_path, monkeypatch):
+    """The references a user can give a char-LM domain: two files, a folder, a parquet file, a Hub id."""
+    train, test = tmp_path / "sonnets_train.txt", tmp_path / "sonnets_test.txt"
+    train.write_text("\n".join(f"line {i} of the training text" for i in range(30)))
+    test.write_text("\n".join(f"held-out line {i}" for i in range(6)))
+    pair = load_text_corpus({"train": str(train), "test": str(test)})
+    assert {s: len(d) for s, d in pair.items()} == {"train": 30, "test": 6}
+    assert pair["train"].column_names == ["text"] and pair["test"][0]["text"] == "held-out line 0"
+    assert pair["train"].info.dataset_name == "sonnets_train"
+    folder = tmp_path / "letters"
+    folder.mkdir()
+    for i in range(2):
+        (folder / f"part{i}.txt").write_text("\n".join(f"letter {i}.{j}" for j in range(10)))
+    split = load_text_corpus(folder, test_fraction=0.25)
+    assert (len(split["train"]), len(split["test"])) == (15, 5) and split["train"].info.dataset_name == "letters"
+    table = tmp_path / "essays.parquet"
+    Dataset.from_dict({"body": [f"essay {i}" for i in range(20)], "year": list(range(20))}).to_parquet(str(table))
+    essays = load_text_corpus(table, text_column="body", test_fraction=0.1)
+    assert essays["train"].column_names == ["text"] and len(essays["test"]) == 2
+    with pytest.raises(ValueError, match=r"essays.*text column 'year'.*not strings"):
+        load_text_corpus(table, text_column="year")
+    with pytest.raises(ValueError, match=r"mix formats"):
+        load_text_corpus({"train": str(train), "test": str(table)})
+    with pytest.raises(ValueError, match=r"split 'test', column 'text'.*no such file"):
+        load_text_corpus({"train": str(train), "test": str(tmp_path / "missing.txt")})
+    # Anything that is not a source or a local path goes to the Hub (online, or the HF cache offline).
+    import hf_clroute.data.loading as loading
+
+    seen = []
+    monkeypatch.setattr(loading, "load_dataset", lambda ref, **kw: seen.append(ref) or DatasetDict(
+        train=Dataset.from_dict({"text": ["a", "b", "c"]}), test=Dataset.from_dict({"text": ["d"]})))
+    assert len(load_text_corpus("someone/corpus")["test"]) == 1 and seen == ["someone/corpus"]
+
+
 # --------------------------------------------------------------------------- collators
 
 

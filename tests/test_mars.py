@@ -20,7 +20,7 @@ from hf_clroute import CLModel, ContinualTrainer, TrainingConfig, get_cl_model
 from hf_clroute.backbones import tiny_bert_config, tiny_vit_config
 from hf_clroute.data.streams import Experience
 from hf_clroute.engine import make_accelerator
-from hf_clroute.feature_cache import FeatureCollator
+from hf_clroute.bench.feature_cache import FeatureCollator
 from hf_clroute.methods.mars import ExpansionTest, MarsConfig, SlotMemory, wilson_lower_bound
 from hf_clroute.methods.mars.sgse import binomial_cdf, threshold_for_alpha
 
@@ -108,7 +108,7 @@ def test_bert_backbone_through_the_core_api():
     model = get_cl_model(BertModel(tiny_bert_config()), MarsConfig(num_slots=4))
     model.grow_head(3)
     ids = torch.randint(1, 100, (2, 7))
-    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids))
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     assert logits.shape == (2, 3) and torch.isfinite(logits).all()
 
 
@@ -303,12 +303,11 @@ def test_stage1_never_changes_head_and_stage2_never_changes_memory():
     for batch in batches * 2:
         stage = method.stage()
         before_head, before_memory = snapshot(model.head), snapshot(method.memory)
-        logits = model(features=batch["features"])
-        loss = method.loss(model, batch, logits) + sum(method.extra_losses(model, batch, logits).values())
-        loss.backward()
+        out = model(**batch)  # the engine's step: one call, the loss inside
+        out.loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        method.after_step(model, batch, logits, _ctx())
+        method.after_step(model, batch, out, _ctx())
         if stage == 1:
             assert not changed(before_head, model.head) and changed(before_memory, method.memory)
         else:
@@ -335,7 +334,7 @@ def test_sequential_schedule_runs_stage1_then_stage2():
 def _ctx():
     from hf_clroute.methods.base import StepContext
 
-    return StepContext(accelerator=None, task_id=1)
+    return StepContext(task_id=1)
 
 
 @pytest.mark.parametrize(
@@ -373,7 +372,6 @@ def test_current_task_loss_reaches_the_stage2_head_loss():
         model.train()
         while method.stage() != 2:
             method.task_step += 1
-        logits = model(features=batch["features"])
-        method.loss(model, batch, logits).backward()
+        model(**batch).losses["ce"].backward()
         assert (model.head.weight.grad[:2].abs().sum() == 0) == current_task_loss
         assert model.head.weight.grad[2:].abs().sum() > 0

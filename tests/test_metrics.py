@@ -12,6 +12,7 @@ from hypothesis.extra.numpy import arrays
 
 from hf_clroute.metrics import (
     METRIC_PATH,
+    SCENARIOS,
     SUMMARY_KEYS,
     aggregate_runs,
     anytime_accuracy,
@@ -79,7 +80,8 @@ def test_hand_worked_3x3() -> None:
     assert forward_transfer(R3, B3) == pytest.approx(0.075)
     assert anytime_accuracy(ANY3) == pytest.approx(2.75 / 4)
     expected = {"A_T": 0.6, "A_bar": 2.15 / 3, "F_T": 0.25, "BWT": -0.25, "FWT": 0.075, "A_AUC": 0.6875}
-    assert summarize(R3, B3, ANY3) == pytest.approx(expected)
+    assert summarize(R3, B3, ANY3, scenario="domain") == pytest.approx(expected)
+    assert summarize(R3, B3, ANY3, scenario="task") == pytest.approx(expected)
 
 
 def test_forgetting_conventions_differ_only_before_learned() -> None:
@@ -93,7 +95,7 @@ def test_forgetting_conventions_differ_only_before_learned() -> None:
 
 
 def test_single_task_edge_case() -> None:
-    assert summarize([[0.7]], b=[0.2], anytime=[0.5]) == pytest.approx(
+    assert summarize([[0.7]], b=[0.2], anytime=[0.5], scenario="domain") == pytest.approx(
         {"A_T": 0.7, "A_bar": 0.7, "F_T": 0.0, "BWT": 0.0, "FWT": 0.0, "A_AUC": 0.5}
     )
 
@@ -102,6 +104,22 @@ def test_summary_keys_and_optional_inputs() -> None:
     out = summarize(R3)
     assert tuple(out) == SUMMARY_KEYS
     assert out["FWT"] is None and out["A_AUC"] is None
+    assert summarize(R3, scenario="domain")["FWT"] is None  # no b: nothing to compare against
+
+
+def test_fwt_undefined_in_class_incremental() -> None:
+    assert SCENARIOS == ("class", "domain", "task")
+    # Class-IL: R[j-1][j] is 0 by construction (task j's classes are not learnable yet).
+    class_il = summarize(R3, B3)
+    assert class_il["FWT"] is None and summarize(R3, B3, scenario="class")["FWT"] is None
+    assert class_il["A_T"] == pytest.approx(0.6) and class_il["BWT"] == pytest.approx(-0.25)
+    domain_il = summarize(R3, B3, scenario="domain")["FWT"]
+    assert isinstance(domain_il, float) and domain_il == pytest.approx(forward_transfer(R3, B3))
+    assert summarize(R3, B3, scenario="task")["FWT"] == pytest.approx(0.075)
+    with pytest.raises(ValueError, match=r"scenario must be one of .*'class'.*got 'online'"):
+        summarize(R3, B3, scenario="online")
+    with pytest.raises(ValueError, match="square"):  # R is validated even when FWT is not computed
+        summarize([[0.5, 0.5]], B3)
 
 
 def test_perplexity_retention_hand_worked() -> None:
@@ -138,7 +156,7 @@ def test_forgetting_bounds_minus_bwt(r: np.ndarray, literal: bool) -> None:
 
 @given(accuracy_matrices())
 def test_ranges(r: np.ndarray) -> None:
-    out = summarize(r, b=np.zeros(r.shape[0]), anytime=r[-1])
+    out = summarize(r, b=np.zeros(r.shape[0]), anytime=r[-1], scenario="domain")
     assert 0.0 <= out["A_T"] <= 1.0 and 0.0 <= out["A_bar"] <= 1.0
     assert out["A_AUC"] == pytest.approx(out["A_T"])
     for key in ("F_T", "BWT", "FWT"):
@@ -212,14 +230,26 @@ def test_mean_std_matches_statistics(values: list[float]) -> None:
 
 
 def test_aggregate_runs_skips_none() -> None:
-    runs = [summarize(R3), summarize(R3, B3), summarize([[1.0, 0.0], [0.8, 0.9]], [0.0, 0.0])]
+    runs = [summarize(R3), summarize(R3, B3, scenario="domain"),
+            summarize([[1.0, 0.0], [0.8, 0.9]], [0.0, 0.0], scenario="domain")]
     out = aggregate_runs(runs)
-    assert "A_AUC" not in out
+    assert out["A_AUC"] is None  # None in every run: undefined, not dropped
     assert out["FWT"] == pytest.approx({"mean": 0.0375, "std": statistics.stdev([0.075, 0.0])})
     assert out["A_T"]["mean"] == pytest.approx((0.6 + 0.6 + 0.85) / 3)
     assert mean_std([0.3]) == {"mean": 0.3, "std": 0.0}
     with pytest.raises(ValueError, match="at least one"):
         mean_std([])
+
+
+def test_aggregate_of_class_il_fwt_is_none() -> None:
+    runs = [summarize(R3, B3, ANY3) for _ in range(3)]
+    out = aggregate_runs(runs)
+    assert out["FWT"] is None and out["A_AUC"] == {"mean": pytest.approx(0.6875), "std": 0.0}
+    assert mean_std([None, None]) is None
+    assert mean_std([0.2, None, 0.4]) == pytest.approx({"mean": 0.3, "std": statistics.stdev([0.2, 0.4])})
+    assert mean_std(np.array([0.1, 0.3])) == pytest.approx({"mean": 0.2, "std": statistics.stdev([0.1, 0.3])})
+    with pytest.raises(ValueError, match="finite"):
+        mean_std([0.1, float("nan")])
 
 
 # ------------------------------------------------------------------------------ evaluate
@@ -238,6 +268,10 @@ def test_evaluate_module_matches_summarize(cl_metric) -> None:
         assert metric.compute(accuracy_matrix=R3, untrained_accuracy=B3, anytime=ANY3) == pytest.approx(
             summarize(R3, B3, ANY3)
         )
+        for scenario in SCENARIOS:
+            got = metric.compute(accuracy_matrix=R3, untrained_accuracy=B3, anytime=ANY3, scenario=scenario)
+            assert got == pytest.approx(summarize(R3, B3, ANY3, scenario=scenario))
+        assert metric.compute(accuracy_matrix=R3, untrained_accuracy=B3)["FWT"] is None  # class-IL default
         assert metric.compute(accuracy_matrix=r.tolist()) == pytest.approx(summarize(r))
 
 
@@ -245,8 +279,13 @@ def test_evaluate_module_row_by_row(cl_metric) -> None:
     for row in R3:  # one add per task boundary
         cl_metric.add(accuracy_matrix=row)
     assert cl_metric.compute(untrained_accuracy=B3) == pytest.approx(summarize(R3, B3))
+    for row in R3:
+        cl_metric.add(accuracy_matrix=row)
+    assert cl_metric.compute(untrained_accuracy=B3, scenario="domain")["FWT"] == pytest.approx(0.075)
 
 
 def test_evaluate_module_validates(cl_metric) -> None:
     with pytest.raises(ValueError, match="square"):
         cl_metric.compute(accuracy_matrix=[[0.5, 0.5]])
+    with pytest.raises(ValueError, match="scenario"):
+        cl_metric.compute(accuracy_matrix=R3, scenario="online")

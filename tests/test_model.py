@@ -82,7 +82,7 @@ def test_backbone_is_frozen_and_task_model_resolves_to_base():
     assert isinstance(model.backbone, ViTModel)
     assert not any(p.requires_grad for p in model.backbone.parameters())
     model.grow_head(3)
-    assert model(**image_batch()).shape == (4, 3)
+    assert model(**image_batch()).logits.shape == (4, 3)
     counts = model.parameter_counts()
     assert counts["trainable_params"] == 3 * (tiny_vit_config().hidden_size + 1)
 
@@ -95,23 +95,23 @@ def test_finetune_save_load_bit_identical(tmp_path, backbone_fn, batch_fn):
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.01)
     model.eval()
-    expected = model(**batch_fn())
+    expected = model(**batch_fn()).logits
     model.save_pretrained(tmp_path)
     loaded = CLModel.from_pretrained(backbone_fn(seed=123), tmp_path).eval()
-    assert torch.equal(loaded(**batch_fn()), expected)
+    assert torch.equal(loaded(**batch_fn()).logits, expected)
 
 
 def test_ncm_save_load_keeps_statistics(tmp_path):
     model = get_cl_model(tiny_vit(), NCMConfig())
-    ctx = StepContext(accelerator=None, task_id=0)
+    ctx = StepContext(task_id=0)
     model.method.on_task_start(model, _Exp([0, 1, 2]), ctx)
     batch = image_batch(6)
     labels = torch.tensor([0, 1, 2, 0, 1, 2])
     with torch.no_grad():
-        logits = model(**batch)
-    model.method.after_step(model, {**batch, "labels": labels}, logits, ctx)
+        out = model(**batch)
+    model.method.after_step(model, {**batch, "labels": labels}, out, ctx)
     model.method.before_evaluation(model, ctx)
-    expected = model(**batch)
+    expected = model(**batch).logits
     assert torch.isfinite(expected).all()
     model.save_pretrained(tmp_path)
     # Only the method's statistics are saved: the frozen backbone stays where it came from.
@@ -120,7 +120,7 @@ def test_ncm_save_load_keeps_statistics(tmp_path):
     keys = set(load_file(str(tmp_path / WEIGHTS_NAME)))
     assert keys == {"method.class_sums", "method.class_counts"}
     loaded = CLModel.from_pretrained(tiny_vit(), tmp_path)
-    assert torch.equal(loaded(**batch), expected)
+    assert torch.equal(loaded(**batch).logits, expected)
 
 
 def _saved_finetune(tmp_path):

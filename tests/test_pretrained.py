@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_clroute import pretrained
-from hf_clroute.pretrained import RECIPES, frozen_probe_report, pretrained_vit_path
+from hf_clroute.bench import pretrained
+from hf_clroute.bench.pretrained import RECIPES, frozen_probe_report, pretrained_vit_path
 
 TINY = dict(steps=20, limit=256, batch_size=32, target_batch_size=32, hidden_size=32, num_hidden_layers=2,
             num_attention_heads=2, intermediate_size=64, probe_train_limit=256, probe_test_limit=128)

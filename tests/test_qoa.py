@@ -12,8 +12,9 @@ from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
 from hf_clroute.backbones import tiny_vit_config
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
-from hf_clroute.flops import count_flops
+from hf_clroute.bench.flops import count_flops
 from hf_clroute.methods.base import StepContext
+from hf_clroute.outputs import CLModelOutput
 from hf_clroute.methods.qoa import QoaConfig, QoaLearner, QueryOnlyAttention
 from hf_clroute.model import CLModel
 
@@ -85,8 +86,8 @@ def filled_model(n: int = 40, seed: int = 0, **config) -> CLModel:
     method.num_classes = 4
     g = torch.Generator().manual_seed(1)
     for _ in range(n // 10):  # what the engine does after each step
-        method._last_features = torch.randn(10, 32, generator=g)
-        method.after_step(model, {"labels": torch.randint(0, 4, (10,), generator=g)}, None, StepContext(None, 0))
+        out = CLModelOutput(features=torch.randn(10, 32, generator=g))
+        method.after_step(model, {"labels": torch.randint(0, 4, (10,), generator=g)}, out, StepContext(0))
     return model
 
 
@@ -97,11 +98,11 @@ def test_support_set_is_resampled_every_training_forward():
     method.scorer.register_forward_hook(lambda mod, args, out: seen.append(args[1].clone()))
     inputs = {"features": torch.randn(4, 32)}
     model.train()
-    model(**inputs)
-    model(**inputs)  # same buffer state: the same (reproducible) support
-    method._last_features = torch.randn(10, 32)
-    method.after_step(model, {"labels": torch.randint(0, 4, (10,))}, None, StepContext(None, 0))
-    model(**inputs)  # one step later: a new draw
+    model(**inputs).logits
+    model(**inputs).logits  # same buffer state: the same (reproducible) support
+    out = CLModelOutput(features=torch.randn(10, 32))
+    method.after_step(model, {"labels": torch.randint(0, 4, (10,))}, out, StepContext(0))
+    model(**inputs).logits  # one step later: a new draw
     assert all(s.shape == (8, 32) for s in seen)
     torch.testing.assert_close(seen[0], seen[1])
     assert not torch.equal(seen[1], seen[2])
@@ -119,14 +120,14 @@ def test_buffer_save_load_identity(tmp_path):
     model = filled_model(n=60)  # 60 items through a 32-slot reservoir
     model.eval()
     inputs = {"pixel_values": torch.randn(3, 3, 16, 16)}
-    before = model(**inputs)
+    before = model(**inputs).logits
     model.save_pretrained(tmp_path)
     loaded = CLModel.from_pretrained(tiny_vit(), tmp_path)
     loaded.eval()
     assert loaded.method.buffer.num_seen == 60 and loaded.method.num_classes == 4
     for name, tensor in model.method.buffer.contents().items():
         assert torch.equal(loaded.method.buffer.contents()[name], tensor)
-    assert torch.equal(loaded(**inputs), before)
+    assert torch.equal(loaded(**inputs).logits, before)
 
 
 
@@ -166,7 +167,7 @@ def test_qoa_head_through_the_engine_on_mnist():
 
 
 def test_plasticity_diagnostics_and_baselines():
-    from hf_clroute.bench_plasticity import ContinualBackprop, FullAttention, effective_rank
+    from hf_clroute.bench.plasticity import ContinualBackprop, FullAttention, effective_rank
 
     # Effective rank: n equal eigenvalues -> n; one direction -> 1.
     assert effective_rank(torch.eye(5)) == pytest.approx(5.0)
@@ -195,7 +196,7 @@ def test_plasticity_seeds_run_apart_merge_into_the_joint_table(tmp_path, capsys)
     from hf_clroute.cli import main
 
     suite = {
-        "name": "drifting-regression", "kind": "drifting-regression", "runner": "hf_clroute.bench_plasticity:run",
+        "name": "drifting-regression", "kind": "drifting-regression", "runner": "hf_clroute.bench.plasticity:run",
         "n_tasks": 4, "train_per_task": 20, "test_per_task": 10, "old_eval_every": 2, "hessian_every": 2,
         "hessian_examples": 8, "window": 2, "mlp": {"hidden": 8, "layers": 1},
         "qoa": {"buffer_size": 30, "support_size": 8, "eval_support_size": 12, "hidden_size": 8, "num_layers": 1},
@@ -229,7 +230,7 @@ def test_plasticity_seeds_run_apart_merge_into_the_joint_table(tmp_path, capsys)
 
 
 def test_cost_table_counts_full_attention_as_quadratic_and_qoa_as_linear():
-    from hf_clroute.bench_plasticity import PlasticitySuite, cost_versus_support
+    from hf_clroute.bench.plasticity import PlasticitySuite, cost_versus_support
 
     suite = PlasticitySuite(name="t", kind="permuted-mnist", qoa={"hidden_size": 16, "num_layers": 1},
                             attention={"d_model": 16, "num_layers": 1, "num_heads": 2})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hf_clroute.report import write_benchmarks
+from hf_clroute.bench.report import write_benchmarks
 
 
 def fake_run(root, suite: str, a_t: dict[str, float], image: bool = False) -> None:
@@ -20,9 +20,9 @@ def fake_run(root, suite: str, a_t: dict[str, float], image: bool = False) -> No
 
 
 def test_report_sets_study_variants_beside_their_base(tmp_path, monkeypatch):
-    import hf_clroute.plots
+    import hf_clroute.bench.plots
 
-    monkeypatch.setattr(hf_clroute.plots, "write_plots", lambda results, out: None)  # plotting is tested elsewhere
+    monkeypatch.setattr(hf_clroute.bench.plots, "write_plots", lambda results, out: None)  # plotting is tested elsewhere
     root = tmp_path / "results"
     fake_run(root, "mnist", {"rwf": 0.5, "finetune": 0.2})
     fake_run(root, "mnist-20pct", {"rwf": 0.4, "finetune": 0.19, "ncm": 0.7})

@@ -17,7 +17,8 @@ from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
 from hf_clroute.methods.rwf import HopfieldRouter, RoutedAttention, RwfConfig
 from hf_clroute.model import CLModel
-from hf_clroute.suites import SuiteConfig
+from hf_clroute.bench.settings import resolve_run
+from hf_clroute.bench.suites import SuiteConfig
 
 ATTN = ("sdpa", "eager")
 
@@ -116,7 +117,7 @@ def test_vit_prompts_added_then_dropped(attn):
     assert lengths == [(tokens + 5, tokens + 5)] * 2  # both blocks saw L + m rows ...
     assert not torch.allclose(routed, bare)  # ... and the prompts changed what the tokens attended to
     model.grow_head(4)
-    assert model(**pixels()).shape == (3, 4)
+    assert model(**pixels()).logits.shape == (3, 4)
 
 
 def test_vit_sdpa_and_eager_agree():
@@ -298,7 +299,7 @@ def test_engine_trains_only_the_query_side_and_frozen_projections_stay(stream):
 def test_frozen_projections_get_no_gradient():
     model = get_cl_model(tiny_vit(), RwfConfig(num_prompts=4, key_init="orthogonal"))
     model.grow_head(3)
-    model(**pixels()).logsumexp(-1).sum().backward()
+    model(**pixels()).logits.logsumexp(-1).sum().backward()
     routers = list(model.method.routers.values())
     assert all(r.queries.grad is not None and r.queries.grad.abs().sum() > 0 for r in routers)
     assert all(r.query_proj.weight.grad.abs().sum() > 0 for r in routers)
@@ -321,17 +322,17 @@ def test_current_task_loss_leaves_old_head_rows_alone(make_config, current_task_
     model.grow_head(4)
     model.method.begin_task(model, _Exp([2, 3]), None)
     batch = {**pixels(4), "labels": torch.tensor([2, 3, 3, 2])}
-    model.method.loss(model, batch, model(**pixels(4))).backward()
+    model(**batch).loss.backward()
     assert (model.head.weight.grad[:2].abs().sum() == 0) == current_task_loss
     assert model.head.weight.grad[2:].abs().sum() > 0
     if current_task_loss:  # a class present in the batch (a replayed one) stays in the softmax
         model.zero_grad()
-        model.method.loss(model, {"labels": torch.tensor([2, 3, 0, 2])}, model(**pixels(4))).backward()
+        model(**pixels(4), labels=torch.tensor([2, 3, 0, 2])).loss.backward()
         assert model.head.weight.grad[0].abs().sum() > 0 and model.head.weight.grad[1].abs().sum() == 0
     # A one-class task trains against every seen class (else its loss would be identically 0).
     model.zero_grad()
     model.method.begin_task(model, _Exp([3]), None)
-    model.method.loss(model, {"labels": torch.full((4,), 3)}, model(**pixels(4))).backward()
+    model(**pixels(4), labels=torch.full((4,), 3)).loss.backward()
     assert model.head.weight.grad[:3].abs().sum() > 0
 
 
@@ -344,14 +345,14 @@ def test_save_load_bit_identical(tmp_path, build, inputs):
     model.grow_head(5)
     perturb_trainable(model)
     model.eval()
-    expected = model(**inputs())
+    expected = model(**inputs()).logits
     model.save_pretrained(tmp_path)
     from safetensors.torch import load_file
 
     saved = set(load_file(str(tmp_path / "adapter_model.safetensors")))
     assert saved and all(k.startswith(("method.routers.", "head.")) for k in saved)  # no backbone tensor
     loaded = CLModel.from_pretrained(build(), tmp_path).eval()
-    assert torch.equal(loaded(**inputs()), expected)
+    assert torch.equal(loaded(**inputs()).logits, expected)
 
 
 def test_lm_save_load_bit_identical_and_push(tmp_path, hub_server, hub_repo_id):
@@ -381,7 +382,7 @@ def test_pretrained_minilm_with_padding(attn):
         alone = model.method.features(model, dict(tokenizer(sentences[1:2], return_tensors="pt")))
     assert features.shape == (3, 384) and torch.isfinite(features).all()
     torch.testing.assert_close(features[1], alone[0], atol=1e-5, rtol=1e-4)
-    logits = model(**batch)
+    logits = model(**batch).logits
     logits.logsumexp(-1).sum().backward()
     assert all(r.query_proj.weight.grad.abs().sum() > 0 for r in model.method.routers.values())
 
@@ -403,5 +404,5 @@ def test_trainable_share_on_vit_b16_is_about_two_percent():
 def test_suite_configs_build_rwf():
     for suite in ("split-mnist", "split-fashion", "wordnet"):
         loaded = SuiteConfig.load(suite)
-        assert isinstance(loaded.adapter_config("rwf"), RwfConfig)
-        assert loaded.training_config("rwf", seed=0).learning_rate > 0
+        settings = resolve_run(loaded, "rwf", seed=0)
+        assert isinstance(settings.adapter_config, RwfConfig) and settings.training.learning_rate > 0

@@ -12,8 +12,8 @@ from huggingface_hub import hf_hub_download, list_repo_files, metadata_load
 
 from hf_clroute.cli import main
 from hf_clroute.model import CLModel
-from hf_clroute.report import write_benchmarks
-from hf_clroute.suites import SuiteConfig, load_suite_backbone
+from hf_clroute.bench.report import write_benchmarks
+from hf_clroute.bench.suites import SuiteConfig, load_suite_backbone
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +34,12 @@ def test_bench_writes_plots_and_one_adapter_per_method(bench_run):
 
 
 def _predictions(model, suite):
-    from hf_clroute.suites import build_stream
+    from hf_clroute.bench.suites import build_stream
 
     _, collator = load_suite_backbone(suite)
     batch = collator([build_stream(suite, 0)[0].test[i] for i in range(6)])
     with torch.no_grad():
-        return model.eval()(**{k: v for k, v in batch.items() if k != "labels"})
+        return model.eval()(**{k: v for k, v in batch.items() if k != "labels"}).logits
 
 
 def test_push_card_and_load_by_repo_id(bench_run, tiny_suite, hub_server, hub_repo_id, capsys):

@@ -5,7 +5,7 @@ a *different* small dataset transfers poorly (SPEC section 10: a 0.54M-parameter
 Fashion-MNIST ViT gives 30% nearest-class-mean / 66% linear-probe accuracy on
 MNIST, frozen). A web-pretrained backbone has seen images *like* the benchmark's,
 without their benchmark labels. This script imitates that, per recipe
-(``hf_clroute.pretrained.RECIPES``):
+(``hf_clroute.bench.pretrained.RECIPES``):
 
 * supervised cross-entropy on a labelled **source** dataset (the classifier head
   saved with the checkpoint, ``id2label`` = the source's classes), plus
@@ -26,7 +26,7 @@ training set; evaluation only).
     python training/pretrain_vit.py --recipe vit-mnist-stream --out ~/.cache/hf_clroute/models/vit-mnist-stream
     accelerate launch training/pretrain_vit.py --recipe vit-fashion-stream --out runs/vit-fashion
 
-``hf_clroute.pretrained.pretrained_vit_path(recipe)`` runs :func:`training_function`
+``hf_clroute.bench.pretrained.pretrained_vit_path(recipe)`` runs :func:`training_function`
 in-process and caches the result.
 """
 
@@ -54,7 +54,7 @@ try:
 except ImportError:  # run from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from hf_clroute.pretrained import (  # noqa: E402  (probes and data live once, in the library)
+from hf_clroute.bench.pretrained import (  # noqa: E402  (probes and data live once, in the library)
     RECIPES,
     REPORT_NAME,
     frozen_probe_report,

@@ -19,10 +19,11 @@ import argparse
 import json
 from pathlib import Path
 
-from hf_clroute.bench import run_method, summarize_result
+from hf_clroute.bench.classification import run_method, summarize_result
+from hf_clroute.bench.settings import resolve_run
 from hf_clroute.engine import make_accelerator
 from hf_clroute.io import atomic_write_text
-from hf_clroute.suites import SuiteConfig
+from hf_clroute.bench.suites import SuiteConfig
 
 
 def load_run_config(path: str) -> dict:
@@ -45,18 +46,18 @@ def training_function(config: dict, args: argparse.Namespace) -> dict:
     overrides = {"checkpoint_dir": str(out / "checkpoints"), **config.get("training", {})}
     if args.stop_after_steps:
         overrides["stop_after_steps"] = args.stop_after_steps
-    training = suite.training_config(config["method"], config.get("seed", 0), **overrides)
+    training = resolve_run(suite, config["method"], config.get("seed", 0), overrides).training
     accelerator = make_accelerator(training)
     resume = str(out / "checkpoints") if args.resume else None
-    result, model = run_method(
+    result, model, settings = run_method(
         suite, config["method"], training.seed, accelerator=accelerator, resume_from=resume, **overrides
     )
     report = {"suite": suite.name, "method": config["method"], "seed": training.seed,
               "num_processes": accelerator.num_processes, "finished": result.finished,
               "accuracy_matrix": result.accuracy_matrix, "untrained_accuracy": result.untrained_accuracy,
-              "anytime": result.anytime, "params": result.params}
+              "anytime": result.anytime, "params": result.params, "settings": settings.to_dict()}
     if result.finished:
-        report["summary"] = summarize_result(result)
+        report["summary"] = summarize_result(result, suite.scenario)
     if accelerator.is_main_process:
         model.save_pretrained(out / "adapter")
         atomic_write_text(out / "result.json", json.dumps(report, indent=2, sort_keys=True) + "\n")

@@ -2,7 +2,7 @@
 
 from ..registry import register_method
 from .ewc import EWCConfig, OnlineEWC
-from .finetune import Finetune, FinetuneConfig
+from .finetune import FfnFinetune, FfnFinetuneConfig, Finetune, FinetuneConfig
 from .joint import JointConfig, JointTraining
 from .lora import LoraBaseline, LoraBaselineConfig
 from .lwf import LwF, LwFConfig
@@ -12,6 +12,7 @@ from .replay import ERConfig, ExperienceReplay
 from .visual_prompt import VisualPromptTuning, VPTConfig
 
 register_method(FinetuneConfig, Finetune)
+register_method(FfnFinetuneConfig, FfnFinetune)
 register_method(NCMConfig, NearestClassMean)
 register_method(LoraBaselineConfig, LoraBaseline)
 register_method(PromptTuningBaselineConfig, PromptTuningBaseline)
@@ -25,6 +26,8 @@ __all__ = [
     "EWCConfig",
     "ERConfig",
     "ExperienceReplay",
+    "FfnFinetune",
+    "FfnFinetuneConfig",
     "Finetune",
     "FinetuneConfig",
     "JointConfig",

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import CLConfig
-from ..evaluation import model_inputs
+from ..outputs import model_inputs
 from ..methods.base import ContinualMethod, StepContext
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -108,7 +108,7 @@ class OnlineEWC(ContinualMethod):
     def extra_losses(self, model, batch, logits) -> dict[str, torch.Tensor]:
         return {"ewc": self.penalty(model)} if len(self.fisher.items()) else {}
 
-    def after_step(self, model, batch, logits, ctx: StepContext) -> None:
+    def after_step(self, model, batch, out, ctx: StepContext) -> None:
         # Keep the most recent examples of this task (inputs + labels, on the CPU).
         self._recent.append({k: v.detach().cpu() for k, v in batch.items()})
         while sum(len(b["labels"]) for b in self._recent) - len(self._recent[0]["labels"]) >= self.config.fisher_samples:
@@ -117,10 +117,8 @@ class OnlineEWC(ContinualMethod):
     def on_task_end(self, model, experience, ctx: StepContext) -> None:
         params = trainable_named_parameters(model)
         squares, count = self._squared_gradients(model, params)
-        acc = ctx.accelerator
-        if acc is not None and acc.num_processes > 1:
-            squares = {n: acc.reduce(s, "sum") for n, s in squares.items()}
-            count = int(acc.reduce(torch.tensor(float(count), device=acc.device), "sum"))
+        squares = {n: ctx.reduce(s) for n, s in squares.items()}
+        count = int(ctx.reduce(torch.tensor(float(count))))
         old = dict(self.fisher.items())
         for name, param in params.items():
             fisher = squares[name] / max(count, 1)
@@ -139,7 +137,7 @@ class OnlineEWC(ContinualMethod):
         for batch in reversed(self._recent):  # newest first, up to fisher_samples examples
             for i in range(min(len(batch["labels"]), self.config.fisher_samples - count)):
                 example = {k: v[i : i + 1].to(device) for k, v in batch.items()}
-                loss = F.cross_entropy(model(**model_inputs(example)), example["labels"])
+                loss = F.cross_entropy(model(**model_inputs(example)).logits, example["labels"])
                 # autograd.grad leaves .grad alone, and DDP's hooks out of this.
                 grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
                 for name, grad in zip(params, grads):

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from ..config import CLConfig
-from ..evaluation import model_inputs
+from ..outputs import model_inputs
 from ..methods.base import ContinualMethod, StepContext
 from .ewc import ParamStore, trainable_named_parameters
 
@@ -70,7 +70,7 @@ class LwF(ContinualMethod):
         was_training = model.training
         model.eval()  # the teacher predicts without dropout
         with torch.no_grad():
-            teacher = functional_call(model, dict(self.teacher.items()), args=(), kwargs=inputs, strict=False)
+            teacher = functional_call(model, dict(self.teacher.items()), args=(), kwargs=inputs, strict=False).logits
         model.train(was_training)
         T = self.config.temperature
         log_student = F.log_softmax(logits[:, :old] / T, dim=-1)
@@ -87,7 +87,7 @@ class LwF(ContinualMethod):
     def on_task_start(self, model, experience, ctx: StepContext) -> None:
         self._rebuild_if_needed(model)
 
-    def after_step(self, model, batch, logits, ctx: StepContext) -> None:
+    def after_step(self, model, batch, out, ctx: StepContext) -> None:
         if self._teacher_is_model and self.num_old_classes:
             self.teacher.set_persistent(True)  # the model moved on: a checkpoint must carry the teacher
             self._teacher_is_model = False

@@ -38,7 +38,6 @@ class NCMConfig(CLConfig):
 class NearestClassMean(ContinualMethod):
     config_class = NCMConfig
     uses_head = False
-    reads_frozen_features = True
 
     def __init__(self, config: NCMConfig) -> None:
         super().__init__(config)
@@ -46,7 +45,6 @@ class NearestClassMean(ContinualMethod):
         self.register_buffer("class_sums", torch.zeros(0, 0, dtype=torch.float64))
         self.register_buffer("class_counts", torch.zeros(0, dtype=torch.float64))
         self._pending: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._last_features: torch.Tensor | None = None
 
     def attach(self, model: "CLModel") -> None:
         self.class_sums = torch.zeros(0, model.spec.hidden_size(model.backbone), dtype=torch.float64)
@@ -62,9 +60,7 @@ class NearestClassMean(ContinualMethod):
             self.class_sums = torch.cat([self.class_sums, self.class_sums.new_zeros(extra, dim)])
             self.class_counts = torch.cat([self.class_counts, self.class_counts.new_zeros(extra)])
 
-    def logits(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        features = self.features(model, inputs)
-        self._last_features = features.detach()
+    def classify(self, model: "CLModel", features: torch.Tensor) -> torch.Tensor:
         means = (self.class_sums / self.class_counts.clamp_min(1).unsqueeze(1)).to(features.dtype)
         if self.config.metric == "cosine":
             scores = F.normalize(features, dim=-1) @ F.normalize(means, dim=-1).T
@@ -76,8 +72,8 @@ class NearestClassMean(ContinualMethod):
     def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
         self._grow(max(experience.classes) + 1)
 
-    def after_step(self, model, batch, logits, ctx: StepContext) -> None:
-        features = self._last_features.to(torch.float64)
+    def after_step(self, model, batch, out, ctx: StepContext) -> None:
+        features = out.features.to(torch.float64)
         labels = batch["labels"]
         sums = torch.zeros_like(self.class_sums).index_add_(0, labels, features)
         counts = torch.bincount(labels, minlength=self.num_classes).to(torch.float64)
@@ -90,9 +86,7 @@ class NearestClassMean(ContinualMethod):
         # Each process saw its own shard of the batches: sum the statistics over all
         # processes before they are used (every process must call this together).
         sums, counts = self._pending or (torch.zeros_like(self.class_sums), torch.zeros_like(self.class_counts))
-        if ctx.accelerator is not None and ctx.accelerator.num_processes > 1:
-            sums = ctx.accelerator.reduce(sums.to(ctx.accelerator.device), "sum").cpu()
-            counts = ctx.accelerator.reduce(counts.to(ctx.accelerator.device), "sum").cpu()
+        sums, counts = ctx.reduce(sums), ctx.reduce(counts)
         self.class_sums += sums.to(self.class_sums.device)
         self.class_counts += counts.to(self.class_counts.device)
         self._pending = None

@@ -27,12 +27,15 @@ import torch.nn.functional as F
 
 from ..config import CLConfig
 from ..methods.base import ContinualMethod, StepContext
+from ..outputs import CLModelOutput, model_inputs
 from ..replay_buffer import ReservoirBuffer
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..model import CLModel
 
 _SEQUENCE_FIELDS = ("input_ids", "attention_mask", "token_type_ids")
+#: what the buffer keeps of a batch (cached ``features`` when the bench feeds them instead of inputs).
+_STORED_FIELDS = _SEQUENCE_FIELDS + ("pixel_values", "features", "labels")
 
 
 @dataclass
@@ -63,19 +66,24 @@ class ExperienceReplay(ContinualMethod):
         self.buffer = ReservoirBuffer(config.buffer_size, seed=config.seed)
         self._step = 0
         self._process = (0, 1)  # (index, count): which slice of a replayed global batch is ours
-        self._replayed: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ---- the replayed half of each training forward ---------------------------------
-    def logits(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        if not self.training or len(self.buffer) == 0:
-            return super().logits(model, inputs)
+    def forward(self, model: "CLModel", batch: dict[str, torch.Tensor]) -> CLModelOutput:
+        """The current batch and an equally large replayed one in one pass; the replayed
+        half adds its own cross-entropy (``losses['replay']``)."""
+        if not self.training or len(self.buffer) == 0 or "labels" not in batch:
+            return super().forward(model, batch)
+        inputs = model_inputs(batch)
         current = next(iter(inputs.values())).shape[0]
         replay = self._draw(current)
-        labels = replay.pop("labels")
-        joined = _concat_inputs(inputs, replay)
-        logits = super().logits(model, joined)
-        self._replayed = (logits[current:], labels)
-        return logits[:current]
+        replay_labels = replay.pop("labels")
+        features = self.features(model, _concat_inputs(inputs, replay))
+        logits = self.classify(model, features)
+        out = self.with_loss(model, batch, CLModelOutput(logits=logits[:current], features=features[:current].detach()))
+        replay_logits = logits[current:]
+        out.losses["replay"] = self.config.replay_weight * F.cross_entropy(replay_logits, replay_labels.to(replay_logits.device))
+        out.loss = out.loss + out.losses["replay"]
+        return out
 
     def _draw(self, local_batch: int) -> dict[str, torch.Tensor]:
         index, count = self._process
@@ -83,23 +91,14 @@ class ExperienceReplay(ContinualMethod):
         sample = self.buffer.sample(local_batch * count, generator=generator)
         return {k: v[index::count] for k, v in sample.items()}
 
-    def extra_losses(self, model, batch, logits) -> dict[str, torch.Tensor]:
-        if self._replayed is None:
-            return {}
-        replay_logits, labels = self._replayed
-        self._replayed = None
-        return {"replay": self.config.replay_weight * F.cross_entropy(replay_logits, labels.to(replay_logits.device))}
-
     # ---- filling the buffer ------------------------------------------------------------
     def on_task_start(self, model, experience, ctx: StepContext) -> None:
-        acc = ctx.accelerator
-        self._process = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
+        self._process = (ctx.process_index, ctx.num_processes)
 
-    def after_step(self, model, batch, logits, ctx: StepContext) -> None:
+    def after_step(self, model, batch, out, ctx: StepContext) -> None:
         self._step = ctx.global_step + 1
-        stored = {k: self._fixed_length(k, v) for k, v in batch.items() if k in _SEQUENCE_FIELDS + ("pixel_values", "labels")}
-        if ctx.accelerator is not None and ctx.accelerator.num_processes > 1:
-            stored = ctx.accelerator.gather_for_metrics(stored)
+        stored = {k: self._fixed_length(k, v) for k, v in batch.items() if k in _STORED_FIELDS}
+        stored = {k: ctx.gather(v) for k, v in stored.items()}
         self.buffer.add({k: v.detach().to(self.buffer_device) for k, v in stored.items()})
 
     @property

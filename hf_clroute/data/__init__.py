@@ -10,6 +10,7 @@ from .streams import (
     domain_incremental,
     permuted,
     text_domains,
+    validation_stream,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "prepare_all",
     "prepare_source",
     "text_domains",
+    "validation_stream",
 ]

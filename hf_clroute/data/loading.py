@@ -12,11 +12,14 @@ with errors that name the dataset and the column at fault.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 from datasets import (
     Array2D,
     Array3D,
@@ -29,6 +32,7 @@ from datasets import (
     Value,
     load_dataset,
 )
+from datasets.exceptions import DatasetGenerationError
 
 from .sources import SOURCES, load_source
 
@@ -45,30 +49,108 @@ _BUILDER_BY_SUFFIX = {
     ".txt": "text",
 }
 _STRING_DTYPES = {"string", "large_string"}
+# Words datasets recognises as split names in file and folder names -> the split they mean.
+_SPLIT_WORDS = {
+    "train": "train", "training": "train", "test": "test", "testing": "test", "validation": "validation",
+    "valid": "validation", "val": "validation", "dev": "validation", "eval": "validation",
+    "evaluation": "validation",
+}
 
 
 def _describe(name_or_path: PathOrName) -> str:
     return str(name_or_path) if not isinstance(name_or_path, Mapping) else str(dict(name_or_path))
 
 
-def _load_raw(name_or_path: PathOrName) -> DatasetDict:
-    """Dispatch on the kind of reference: source name, local file/dir, data_files mapping, Hub id."""
+def _load_raw(name_or_path: PathOrName, column: str) -> DatasetDict:
+    """Dispatch on the kind of reference: source name, local file/dir, data_files mapping, Hub id.
+
+    Local files are checked before ``datasets`` reads them, so a missing, empty
+    or unreadable file is reported with the dataset, the split and ``column``
+    (the column the caller needs) rather than as a ``DatasetGenerationError``.
+    """
+    name = _describe(name_or_path)
     if isinstance(name_or_path, Mapping):
-        # {"train": "a.parquet", "test": "b.parquet"}: builder from the first file's suffix.
-        first = Path(str(next(iter(name_or_path.values()))))
-        return load_dataset(_builder_for(first), data_files=dict(name_or_path))
+        # {"train": "a.parquet", "test": "b.parquet"}: builder from the files' suffix.
+        files = {str(split): [Path(str(f)).expanduser() for f in _as_list(refs)]
+                 for split, refs in name_or_path.items()}
+        if not files or not all(files.values()):
+            raise ValueError(f"dataset {name!r}: the split -> file mapping names no files")
+        builders = {_builder_for(f) for paths in files.values() for f in paths}
+        if len(builders) > 1:
+            raise ValueError(f"dataset {name!r}: the files mix formats ({sorted(builders)}); "
+                             "give every split files of one type")
+        _check_files(name, files, column)
+        data_files = {split: [str(f) for f in paths] for split, paths in files.items()}
+        return _named(_read(name, builders.pop(), data_files=data_files), _mapping_name(files))
     ref = str(name_or_path)
     if ref in SOURCES:
         return load_source(ref)
     path = Path(ref).expanduser()
     if path.is_file():
-        return _named(load_dataset(_builder_for(path), data_files={"train": str(path)}), path.stem)
+        builder = _builder_for(path)
+        _check_files(name, {"train": [path]}, column)
+        return _named(_read(name, builder, data_files={"train": str(path)}), path.stem)
     if path.is_dir():
+        _check_files(name, _files_in(path), column)
         # datasets infers the builder (parquet/json/csv/imagefolder) and split names from the files.
-        return _named(load_dataset(str(path)), path.name)
+        return _named(_read(name, str(path)), path.name)
     if path.suffix.lower() in _BUILDER_BY_SUFFIX or ref.startswith((".", "/", "~")):
         raise ValueError(f"dataset {ref!r}: no such file or directory (and not a source: {sorted(SOURCES)})")
     return load_dataset(ref)  # a Hub dataset id (works online, or offline from the HF cache)
+
+
+def _as_list(refs: Any) -> list[Any]:
+    return list(refs) if isinstance(refs, (list, tuple)) else [refs]
+
+
+def _read(name: str, builder: str, **kwargs: Any) -> DatasetDict:
+    """``load_dataset`` with a read failure re-raised as a ValueError naming the dataset."""
+    try:
+        return load_dataset(builder, **kwargs)
+    except DatasetGenerationError as err:
+        cause = err.__cause__ or err.__context__ or err
+        raise ValueError(f"dataset {name!r}: could not be read: {cause}") from err
+
+
+def _mapping_name(files: Mapping[str, list[Path]]) -> str:
+    """A name for data given as a split -> file mapping: the train file's stem, or its folder's
+    name when the stem only names the split (``data/train.parquet`` -> ``data``)."""
+    first = files.get("train", next(iter(files.values())))[0]
+    stem = first.name.split(".")[0]
+    return first.parent.name or stem if stem.lower() in {s.lower() for s in files} else stem
+
+
+def _files_in(root: Path) -> dict[str, list[Path]]:
+    """The data files under a directory, keyed by the split their path names (``train`` if none),
+    as ``datasets`` assigns them."""
+    out: dict[str, list[Path]] = {}
+    for path in sorted(root.rglob("*")):
+        if _suffix(path) not in _BUILDER_BY_SUFFIX or path.name.startswith(".") or not path.is_file():
+            continue
+        words = set(re.split(r"[^a-z]+", path.relative_to(root).as_posix().lower()))
+        split = next((_SPLIT_WORDS[w] for w in _SPLIT_WORDS if w in words), "train")
+        out.setdefault(split, []).append(path)
+    return out
+
+
+def _check_files(name: str, files: Mapping[str, list[Path]], column: str) -> None:
+    """Every file exists and holds rows (a parquet file's row count is read from its footer)."""
+    for split, paths in files.items():
+        where = f"dataset {name!r}, split {split!r}, column {column!r}"
+        for path in paths:
+            if not path.is_file():
+                raise ValueError(f"{where}: no such file {str(path)!r}")
+            if path.stat().st_size == 0:
+                raise ValueError(f"{where}: the split is empty (file {str(path)!r} has 0 bytes)")
+            if _suffix(path) != ".parquet":
+                continue
+            try:
+                rows = pq.ParquetFile(path).metadata.num_rows
+            except (OSError, pa.ArrowException) as err:
+                raise ValueError(f"{where}: file {str(path)!r} is not a readable parquet file: {err}") from err
+            if rows == 0:
+                problem = "the split is empty" if len(paths) == 1 else "datasets cannot read an empty file; remove it"
+                raise ValueError(f"{where}: {problem} (file {str(path)!r} has 0 rows)")
 
 
 def _named(splits: DatasetDict, name: str) -> DatasetDict:
@@ -78,9 +160,13 @@ def _named(splits: DatasetDict, name: str) -> DatasetDict:
     return splits
 
 
-def _builder_for(path: Path) -> str:
+def _suffix(path: Path) -> str:
     suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
-    suffix = suffixes[-1] if suffixes else ""
+    return suffixes[-1] if suffixes else ""
+
+
+def _builder_for(path: Path) -> str:
+    suffix = _suffix(path)
     if suffix not in _BUILDER_BY_SUFFIX:
         raise ValueError(f"dataset {str(path)!r}: unsupported file type {suffix!r}; "
                          f"use one of {sorted(_BUILDER_BY_SUFFIX)} or a directory")
@@ -107,7 +193,7 @@ def column_array(ds: Dataset, column: str = "label") -> np.ndarray:
 
 
 def _two_splits(raw: DatasetDict | Dataset, name: str, train_split: str, test_split: str,
-                test_fraction: float, seed: int) -> DatasetDict:
+                test_fraction: float, seed: int, column: str) -> DatasetDict:
     """Pick train/test, carving a deterministic test split from train when there is none."""
     if isinstance(raw, Dataset):
         raw = DatasetDict({train_split: raw})
@@ -117,6 +203,10 @@ def _two_splits(raw: DatasetDict | Dataset, name: str, train_split: str, test_sp
         return DatasetDict({"train": raw[train_split], "test": raw[test_split]})
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"dataset {name!r}: test_fraction must be in (0, 1), got {test_fraction}")
+    if len(raw[train_split]) < 2:
+        raise ValueError(f"dataset {name!r}, split {train_split!r}, column {column!r}: "
+                         f"{len(raw[train_split])} rows, too few to carve a test split from "
+                         f"(test_fraction={test_fraction}); give a test split")
     parts = raw[train_split].train_test_split(test_size=test_fraction, seed=seed, shuffle=True)
     return DatasetDict({"train": parts["train"], "test": parts["test"]})
 
@@ -176,10 +266,10 @@ def _validate_labels(splits: DatasetDict, name: str, label_column: str) -> Datas
     return splits.cast_column("label", ClassLabel(names=[str(i) for i in range(num_classes)]))
 
 
-def _check_not_empty(splits: DatasetDict, name: str) -> None:
+def _check_not_empty(splits: DatasetDict, name: str, column: str) -> None:
     for split, ds in splits.items():
         if len(ds) == 0:
-            raise ValueError(f"dataset {name!r}: split {split!r} is empty")
+            raise ValueError(f"dataset {name!r}, split {split!r}, column {column!r}: the split is empty (0 rows)")
 
 
 def load_labeled_dataset(
@@ -211,8 +301,9 @@ def load_labeled_dataset(
     name = _describe(name_or_path)
     if modality not in (None, "image", "text"):
         raise ValueError(f"dataset {name!r}: modality must be 'image' or 'text', got {modality!r}")
-    splits = _two_splits(_load_raw(name_or_path), name, train_split, test_split, test_fraction, seed)
-    _check_not_empty(splits, name)
+    splits = _two_splits(_load_raw(name_or_path, label_column), name, train_split, test_split,
+                         test_fraction, seed, label_column)
+    _check_not_empty(splits, name, label_column)
     column = _pick_input_column(splits["train"], name, input_column, modality, label_column)
     inferred = infer_modality(splits["train"].features[column])
     modality = modality or inferred
@@ -235,13 +326,19 @@ def load_text_corpus(
 ) -> DatasetDict:
     """Load a text corpus (one LM domain) as ``DatasetDict(train, test)`` with one ``text`` column.
 
-    Same references as :func:`load_labeled_dataset`; a plain ``.txt`` file is
-    read one line per row.  Without a test split, ``test_fraction`` of the
-    rows are held out with ``seed``.
+    Same references as :func:`load_labeled_dataset`: a source name, a local
+    ``.txt`` file (one line per row, line breaks removed), a directory of
+    ``.txt`` (or parquet/json/csv) files, a parquet/json/csv file with a
+    ``text_column``, a ``{"train": path, "test": path}`` mapping (files of one
+    type) or a Hub dataset id.  Without a test split, ``test_fraction`` of the
+    rows are held out with ``seed``.  Missing, empty or unreadable files and a
+    missing or non-string column raise ``ValueError`` naming the dataset, the
+    split and the column.
     """
     name = _describe(name_or_path)
-    splits = _two_splits(_load_raw(name_or_path), name, train_split, test_split, test_fraction, seed)
-    _check_not_empty(splits, name)
+    splits = _two_splits(_load_raw(name_or_path, text_column), name, train_split, test_split,
+                         test_fraction, seed, text_column)
+    _check_not_empty(splits, name, text_column)
     for split, ds in splits.items():
         _require_column(ds, name, text_column, "text")
         if infer_modality(ds.features[text_column]) != "text":

@@ -18,19 +18,31 @@ Column conventions of the experiences' datasets
 * ``permuted``: ``image`` as a uint8 ``Array2D`` (H, W) pixel grid and
   ``label``; :class:`~hf_clroute.data.collate.ImageCollator` reads it.
 * ``text_domains``: ``text`` (chunks).
+
+Validation split
+----------------
+``class_incremental(..., validation_per_class=n)`` removes ``n`` training
+examples per class (drawn by the seed from an independent generator) and
+gives each :class:`Experience` a ``validation`` dataset with the columns and
+incremental labels of ``test``.  :func:`validation_stream` returns the
+experiences with ``test`` replaced by ``validation``, so a tuner can score
+through the normal evaluation path without reading test data.  With
+``validation_per_class=0`` (the default) nothing is drawn and the stream is
+the one built without the option.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import torch
-from datasets import Array2D, ClassLabel, Dataset, DatasetDict, Features, Image, IterableDataset
+from datasets import Array2D, ClassLabel, Dataset, DatasetDict, Features, Image, IterableDataset, Value
 from datasets.table import InMemoryTable
 
 from .loading import column_array
@@ -42,10 +54,11 @@ __all__ = [
     "domain_incremental",
     "permuted",
     "text_domains",
+    "validation_stream",
 ]
 
 # Purposes for independent per-seed random streams.
-_CLASS_ORDER, _SUBSAMPLE, _STREAM_ORDER, _PERMUTATION = range(4)
+_CLASS_ORDER, _SUBSAMPLE, _STREAM_ORDER, _PERMUTATION, _VALIDATION = range(5)
 
 
 def _rng(seed: int, purpose: int, *extra: int) -> np.random.Generator:
@@ -59,6 +72,13 @@ class Experience:
     ``train`` is already in the task's fixed stream order; ``classes`` holds
     the (incremental) class ids this task introduces for class-IL, all class
     ids for domain-IL, and is empty for language-model domains.
+    ``validation`` (optional) is held-out training data of the same classes,
+    disjoint from ``train`` and ``test``.
+
+    Construction checks that ``train``, ``test`` and ``validation`` (when
+    given) have rows and, when ``classes`` is non-empty, that every ``label``
+    is one of ``classes``; a ``ValueError`` names the dataset, the split, the
+    column, the task and the offending value.
     """
 
     task_id: int
@@ -67,6 +87,42 @@ class Experience:
     train: Dataset
     test: Dataset
     info: dict = field(default_factory=dict)
+    validation: Dataset | None = None
+
+    def __post_init__(self) -> None:
+        for split, ds in self.splits().items():
+            self._check_split(split, ds)
+
+    def splits(self) -> dict[str, Dataset]:
+        """``train``, ``test`` and, when present, ``validation``."""
+        out = {"train": self.train, "test": self.test}
+        if self.validation is not None:
+            out["validation"] = self.validation
+        return out
+
+    def _where(self, split: str, column: str) -> str:
+        dataset = self.name.rsplit("/", 1)[0] if "/" in self.name else self.name
+        return f"dataset {dataset!r}, split {split!r}, column {column!r}, task {self.task_id} ({self.name!r})"
+
+    def _check_split(self, split: str, ds: Dataset) -> None:
+        try:
+            rows = len(ds)
+        except TypeError:  # an IterableDataset: nothing to count without reading it
+            return
+        columns = list(getattr(ds, "column_names", None) or [])
+        column = "label" if "label" in columns or not columns else columns[0]
+        if rows == 0:
+            raise ValueError(f"{self._where(split, column)}: the split is empty (0 rows); "
+                             f"every task needs {split} examples")
+        if not self.classes or "label" not in columns:
+            return
+        labels = column_array(ds)
+        outside = ~np.isin(labels, np.asarray(self.classes))
+        if outside.any():
+            values, counts = np.unique(labels[outside], return_counts=True)
+            found = _value_counts(values, counts)
+            raise ValueError(f"{self._where(split, 'label')}: label {found} is not one of the task's "
+                             f"classes {list(self.classes)}")
 
     def train_stream(self, epochs: int = 1) -> IterableDataset:
         """The training data read in stream order, once per epoch (online learning: ``epochs=1``).
@@ -81,8 +137,28 @@ class Experience:
         return stream.repeat(epochs) if epochs > 1 else stream
 
     def __repr__(self) -> str:
+        validation = "" if self.validation is None else f", validation={len(self.validation)}"
         return (f"Experience(task_id={self.task_id}, name={self.name!r}, classes={self.classes}, "
-                f"train={len(self.train)}, test={len(self.test)})")
+                f"train={len(self.train)}, test={len(self.test)}{validation})")
+
+
+def validation_stream(experiences: Sequence[Experience]) -> list[Experience]:
+    """The stream scored on its validation splits: each experience with ``test`` = its ``validation``.
+
+    Training data, classes, task order and labels are unchanged, so evaluation
+    code that reads ``experience.test`` scores on validation data and never
+    touches the test split.  ``info["evaluation_split"]`` is ``"validation"``.
+    Raises ``ValueError`` when an experience has no validation split (build
+    the stream with ``class_incremental(..., validation_per_class=n)``).
+    """
+    out = []
+    for e in experiences:
+        if e.validation is None:
+            raise ValueError(f"experience {e.name!r} (task {e.task_id}) has no validation split; build the "
+                             "stream with class_incremental(..., validation_per_class=n) with n > 0")
+        out.append(dataclasses.replace(e, test=e.validation, validation=None,
+                                       info={**e.info, "evaluation_split": "validation"}))
+    return out
 
 
 # --------------------------------------------------------------------------- helpers
@@ -93,10 +169,16 @@ def _dataset_name(dsets: DatasetDict, name: str | None) -> str:
 
 
 def _class_name(dsets: DatasetDict, label: int) -> str:
+    """``3 ('Dress')``: the label and its ClassLabel name (just ``3`` when the name is ``'3'``)."""
     feature = dsets["train"].features.get("label")
-    if isinstance(feature, ClassLabel) and 0 <= label < feature.num_classes:
+    if isinstance(feature, ClassLabel) and 0 <= label < feature.num_classes and feature.int2str(label) != str(label):
         return f"{label} ({feature.int2str(label)!r})"
     return str(label)
+
+
+def _value_counts(values: np.ndarray, counts: np.ndarray) -> str:
+    """``5 (1 row), 7 (3 rows)``."""
+    return ", ".join(f"{int(v)} ({int(n)} row{'' if n == 1 else 's'})" for v, n in zip(values, counts, strict=True))
 
 
 def _split_labels(dsets: DatasetDict) -> dict[str, np.ndarray]:
@@ -131,38 +213,177 @@ def _subsample(idx: np.ndarray, n: int | None, rng: np.random.Generator) -> np.n
     return idx if n is None or n >= len(idx) else np.sort(rng.choice(idx, n, replace=False))
 
 
+def _where(dname: str, split: str | Sequence[str], column: str = "label", task: int | None = None,
+           task_classes: str = "") -> str:
+    """The message prefix naming where a problem is: dataset, split(s), column and task."""
+    if isinstance(split, str):
+        splits = f"split {split!r}"
+    else:
+        splits = "splits " + " and ".join(repr(s) for s in split)
+    task_part = "" if task is None else f", task {task}" + (f" (classes {task_classes})" if task_classes else "")
+    return f"dataset {dname!r}, {splits}, column {column!r}{task_part}"
+
+
+def _label_ranges(values: Sequence[int]) -> str:
+    """Sorted labels as compact ranges: ``[0, 1, 2, 3, 7]`` -> ``"0-3, 7"``."""
+    values = sorted(int(v) for v in values)
+    parts: list[str] = []
+    start = prev = None
+    for v in [*values, None]:
+        if v is not None and prev is not None and v == prev + 1:
+            prev = v
+            continue
+        if start is not None:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = v
+    return ", ".join(parts)
+
+
+def _check_labelled_splits(dsets: DatasetDict, dname: str) -> dict[str, np.ndarray]:
+    """Both splits present, non-empty, with integer labels inside the ``ClassLabel`` range.
+
+    Returns the label arrays.  Negative labels mean "unlabelled" in HF datasets
+    (e.g. GLUE test splits) and are allowed here; they never become a class.
+    """
+    for split in ("train", "test"):
+        if split not in dsets:
+            raise ValueError(f"dataset {dname!r}: no split {split!r}; available splits: {list(dsets)}")
+        ds = dsets[split]
+        if "label" not in ds.column_names:
+            raise ValueError(f"{_where(dname, split)}: no such column; available columns: {ds.column_names}")
+        if len(ds) == 0:
+            raise ValueError(f"{_where(dname, split)}: the split is empty (0 rows); every task needs "
+                             f"{split} examples")
+        feature = ds.features["label"]
+        if not (isinstance(feature, ClassLabel)
+                or (isinstance(feature, Value) and feature.dtype.startswith(("int", "uint")))):
+            raise ValueError(f"{_where(dname, split)}: labels have type {feature}, not integers; encode them "
+                             "first (e.g. Dataset.class_encode_column)")
+    labels = _split_labels(dsets)
+    for split, arr in labels.items():
+        feature = dsets[split].features["label"]
+        if not isinstance(feature, ClassLabel):
+            continue
+        bad = arr >= feature.num_classes
+        if bad.any():
+            values, counts = np.unique(arr[bad], return_counts=True)
+            found = _value_counts(values, counts)
+            raise ValueError(f"{_where(dname, split)}: label {found} is outside the ClassLabel's "
+                             f"{feature.num_classes} names (labels 0-{feature.num_classes - 1})")
+    return labels
+
+
+def _check_count(dname: str, option: str, value: int | None, minimum: int, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        allowed = f"an integer >= {minimum}" + (" or None (all)" if allow_none else "")
+        raise ValueError(f"dataset {dname!r}: {option} must be {allowed}, got {value!r}")
+
+
 def _resolve_class_order(dsets: DatasetDict, dname: str, present: set[int], classes: Sequence[int] | None,
-                         class_order: Sequence[int] | None, seed: int) -> list[int]:
-    """The classes of the stream in order: ``class_order``, else ``classes`` (or all) shuffled by seed."""
+                         class_order: Sequence[int] | None, seed: int, counts: np.ndarray | None = None,
+                         min_examples_per_class: int = 0, max_classes: int = 0) -> list[int]:
+    """The classes of the stream in order.
+
+    ``class_order`` as given, else ``classes`` (or all present classes) sorted
+    then shuffled by seed.  ``min_examples_per_class`` first drops classes with
+    fewer examples (train and test counted together, ``counts``), then
+    ``max_classes`` keeps the first that many (lowest labels, or the first of
+    ``class_order``).
+    """
     if class_order is not None:
-        order = [int(c) for c in class_order]
-        if len(set(order)) != len(order):
-            raise ValueError(f"dataset {dname!r}: class_order repeats a class: {order}")
-        if classes is not None and set(order) != {int(c) for c in classes}:
+        base = [int(c) for c in class_order]
+        if len(set(base)) != len(base):
+            raise ValueError(f"dataset {dname!r}: class_order repeats a class: {base}")
+        if classes is not None and set(base) != {int(c) for c in classes}:
             raise ValueError(f"dataset {dname!r}: class_order and classes name different classes")
     else:
-        chosen = sorted({int(c) for c in classes}) if classes is not None else sorted(present)
-        order = [int(c) for c in _rng(seed, _CLASS_ORDER).permutation(chosen)]
-    absent = [c for c in order if c not in present]
+        base = sorted({int(c) for c in classes}) if classes is not None else sorted(present)
+    absent = [c for c in base if c not in present]
     if absent:
         names = ", ".join(_class_name(dsets, c) for c in absent)
         raise ValueError(f"dataset {dname!r}: class {names} appears in no split (column 'label')")
-    return order
+    if min_examples_per_class:
+        kept = [c for c in base if counts[c] >= min_examples_per_class]
+        if not kept:
+            raise ValueError(f"{_where(dname, ('train', 'test'))}: no class has at least "
+                             f"min_examples_per_class={min_examples_per_class} examples (the most is "
+                             f"{int(max(counts[c] for c in base))})")
+        base = kept
+    if max_classes:
+        base = base[:max_classes]
+    if class_order is not None:
+        return base
+    return [int(c) for c in _rng(seed, _CLASS_ORDER).permutation(base)]
 
 
-def _tasks_shape(dname: str, n_classes: int, n_tasks: int | None, classes_per_task: int | None) -> int:
-    """Classes per task, checking that the tasks tile the class order exactly."""
+def _tiles(n_classes: int, n_tasks: int | None, classes_per_task: int | None, dname: str) -> int | None:
+    """Classes per task when the tasks tile the class order exactly, else None."""
     if n_tasks is None and classes_per_task is None:
         raise ValueError(f"dataset {dname!r}: give n_tasks or classes_per_task")
     if (n_tasks is not None and n_tasks < 1) or (classes_per_task is not None and classes_per_task < 1):
         raise ValueError(f"dataset {dname!r}: n_tasks and classes_per_task must be >= 1")
     k = classes_per_task or n_classes // n_tasks
-    tasks = n_tasks or n_classes // k
-    if k * tasks != n_classes or k == 0:
-        raise ValueError(f"dataset {dname!r}: {n_classes} classes cannot be split into "
-                         f"{n_tasks or '?'} tasks of {classes_per_task or '?'} classes "
-                         "(restrict the classes with classes= or class_order=)")
-    return k
+    tasks = n_tasks or (n_classes // k if k else 0)
+    return k if k and k * tasks == n_classes else None
+
+
+def _stray_labels(order: Sequence[int], counts: Mapping[str, np.ndarray]) -> list[int]:
+    """Labels that look like data errors: far rarer than the others, or outside their contiguous run."""
+    totals = {c: int(counts["train"][c] + counts["test"][c]) for c in order}
+    median = float(np.median(list(totals.values())))
+    rare = {c for c, n in totals.items() if n <= max(1.0, 0.01 * median)}
+    labels = sorted(order)
+    run = 1
+    while run < len(labels) and labels[run] == labels[run - 1] + 1:
+        run += 1
+    apart = set(labels[run:]) if len(labels) / 2 <= run < len(labels) else set()
+    # A handful of odd labels is a diagnosis; many is just a sparse label set.
+    stray = sorted(rare | apart)
+    return stray if len(stray) <= max(1, len(order) // 4) else []
+
+
+def _tiling_error(dsets: DatasetDict, dname: str, order: Sequence[int], counts: Mapping[str, np.ndarray],
+                  n_tasks: int | None, classes_per_task: int | None) -> ValueError:
+    """Why the classes do not tile into tasks, naming stray labels and the options that fix it."""
+    n = len(order)
+    stray = _stray_labels(order, counts)
+    splits = [s for s in ("train", "test") if any(counts[s][c] for c in stray)] or ["train", "test"]
+    where = _where(dname, splits[0] if len(splits) == 1 else splits)
+    message = (f"{where}: {n} classes cannot be split into {n_tasks or '?'} tasks of "
+               f"{classes_per_task or '?'} classes (the stream's labels: {_label_ranges(order)})")
+    if stray:
+        others = [c for c in order if c not in stray]
+        median = int(np.median([counts["train"][c] + counts["test"][c] for c in others])) if others else 0
+        found = "; ".join(f"{_class_name(dsets, c)}: {int(counts['train'][c])} train and "
+                          f"{int(counts['test'][c])} test examples" for c in stray)
+        message += (f". Label{'s' if len(stray) > 1 else ''} {', '.join(map(str, stray))} look"
+                    f"{'' if len(stray) > 1 else 's'} stray ({found}; the other labels are "
+                    f"{_label_ranges(others)} with a median of {median} examples each): remove those rows, or")
+    else:
+        message += ". Either"
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    message += (" choose the stream's classes with min_examples_per_class (keep classes with at least that "
+                "many train+test examples) or max_classes (keep the N lowest labels), or set n_tasks to a "
+                f"divisor of {n} ({', '.join(map(str, divisors))}); these options exist both as "
+                "class_incremental arguments and as suite JSON fields")
+    return ValueError(message)
+
+
+def _carve_validation(labels: np.ndarray, idx: np.ndarray, per_class: int, rng: np.random.Generator,
+                      dname: str, task: int, task_desc: str) -> tuple[np.ndarray, np.ndarray]:
+    """``per_class`` indices of each class in ``idx`` for validation, and the rest; both sorted."""
+    held, rest = [], []
+    for cls in np.unique(labels[idx]):
+        members = rng.permutation(idx[labels[idx] == cls])
+        if len(members) <= per_class:
+            raise ValueError(f"{_where(dname, 'train', 'label', task, task_desc)}: class {int(cls)} has "
+                             f"{len(members)} train examples, so validation_per_class={per_class} "
+                             "leaves none for training")
+        held.append(members[:per_class])
+        rest.append(members[per_class:])
+    return np.sort(np.concatenate(held)), np.sort(np.concatenate(rest))
 
 
 def _with_incremental_labels(ds: Dataset, labels: np.ndarray, lookup: np.ndarray,
@@ -196,22 +417,54 @@ def class_incremental(
     test_per_class: int | None = None,
     classes: Sequence[int] | None = None,
     name: str | None = None,
+    min_examples_per_class: int = 0,
+    max_classes: int = 0,
+    validation_per_class: int = 0,
 ) -> list[Experience]:
     """Split a labelled ``DatasetDict`` (train/test, ``label``) into class-incremental tasks.
 
     The classes (all present ones, or ``classes``) are shuffled by ``seed``
     unless ``class_order`` is given, then cut into tasks of equal size; task t
-    holds incremental ids ``[t*k, (t+1)*k)``.  ``train_per_class`` /
+    holds incremental ids ``[t*k, (t+1)*k)``.  Before shuffling,
+    ``min_examples_per_class`` keeps only classes with at least that many
+    examples (train and test counted together) and ``max_classes`` keeps the
+    first that many (lowest labels, or the head of ``class_order``); 0 turns
+    either off.  These two and ``n_tasks``, ``train_per_class``,
+    ``test_per_class`` are also suite JSON fields.
+
+    ``validation_per_class`` (an integer count, default 0) removes that many
+    training examples of every class (chosen by ``seed``, independently of the
+    other draws) into the experience's ``validation`` split, in dataset order,
+    with the incremental labels of ``test``; ``train_per_class`` then
+    subsamples the remaining training examples.  0 draws nothing: the stream
+    is exactly the one built without the option.  ``train_per_class`` /
     ``test_per_class`` subsample each class (fixed per seed; smaller classes
     are kept whole).  Each task's training data is shuffled into a fixed
     stream order by ``seed``; test data keeps the dataset order.
+
+    Raises ``ValueError`` naming the dataset, split, column, task and value
+    for: a missing or empty split, non-integer labels, labels outside the
+    ``ClassLabel`` range, classes that do not tile into tasks (stray labels
+    are named), a class of a task without train or without test examples, and
+    a class with too few training examples for ``validation_per_class``.
     """
     dname = _dataset_name(dsets, name)
-    labels = _split_labels(dsets)
+    labels = _check_labelled_splits(dsets, dname)
+    _check_count(dname, "train_per_class", train_per_class, 1, allow_none=True)
+    _check_count(dname, "test_per_class", test_per_class, 1, allow_none=True)
+    _check_count(dname, "validation_per_class", validation_per_class, 0)
+    _check_count(dname, "min_examples_per_class", min_examples_per_class, 0)
+    _check_count(dname, "max_classes", max_classes, 0)
     # Negative labels mean "unlabelled" in HF datasets (e.g. GLUE test splits): never a class.
     present = {int(c) for arr in labels.values() for c in np.unique(arr) if c >= 0}
-    order = _resolve_class_order(dsets, dname, present, classes, class_order, seed)
-    k = _tasks_shape(dname, len(order), n_tasks, classes_per_task)
+    named = [int(c) for given in (classes, class_order) if given is not None for c in given]
+    size = max(present | set(named), default=0) + 1
+    counts = {s: np.bincount(arr[arr >= 0], minlength=size) for s, arr in labels.items()}
+    order = _resolve_class_order(dsets, dname, present, classes, class_order, seed,
+                                 counts["train"] + counts["test"], min_examples_per_class, max_classes)
+    k = _tiles(len(order), n_tasks, classes_per_task, dname)
+    if k is None:
+        raise _tiling_error(dsets, dname, order, counts, n_tasks, classes_per_task)
 
     lookup = np.full(max(present | set(order)) + 1, -1, dtype=np.int64)
     lookup[order] = np.arange(len(order))
@@ -223,18 +476,31 @@ def class_incremental(
     experiences = []
     for t in range(len(order) // k):
         task_classes = order[t * k:(t + 1) * k]
+        task_desc = ", ".join(_class_name(dsets, c) for c in task_classes)
+        for split, other in (("train", "test"), ("test", "train")):
+            missing = [c for c in task_classes if counts[split][c] == 0]
+            if missing:
+                many = len(missing) > 1
+                found = ", ".join(_class_name(dsets, c) for c in missing)
+                elsewhere = ", ".join(str(int(counts[other][c])) for c in missing)
+                raise ValueError(f"{_where(dname, split, 'label', t, task_desc)}: class{'es' if many else ''} "
+                                 f"{found} {'have' if many else 'has'} no {split} examples ({elsewhere} in "
+                                 f"split {other!r}); every class of a task needs train and test examples. "
+                                 f"Add {split} rows, or leave the class out of the stream with "
+                                 "min_examples_per_class or max_classes")
         parts = {}
         for part, split in enumerate(("train", "test")):
             idx = np.flatnonzero(np.isin(labels[split], task_classes))
+            if split == "train" and validation_per_class:
+                held, idx = _carve_validation(labels[split], idx, validation_per_class,
+                                              _rng(seed, _VALIDATION, t), dname, t, task_desc)
+                parts["validation"] = _ordered(remapped[split], held, None)
             idx = _subsample_per_class(labels[split], idx, per_class[split], _rng(seed, _SUBSAMPLE, t, part))
-            if idx.size == 0:
-                raise ValueError(f"dataset {dname!r}: task {t} (classes "
-                                 f"{', '.join(_class_name(dsets, c) for c in task_classes)}) "
-                                 f"has no {split} examples (column 'label')")
             rng = _rng(seed, _STREAM_ORDER, t) if split == "train" else None
             parts[split] = _ordered(remapped[split], idx, rng)
         experiences.append(Experience(t, f"{dname}/task{t}", list(range(t * k, (t + 1) * k)),
-                                      parts["train"], parts["test"], {"original_classes": task_classes}))
+                                      parts["train"], parts["test"], {"original_classes": task_classes},
+                                      parts.get("validation")))
     return experiences
 
 

@@ -6,16 +6,17 @@ the incremental head, saving, loading, Accelerate, evaluation) is shared and
 lives in ``hf_clroute.model`` and ``hf_clroute.engine``.
 
 Hook order per experience (task):
-``on_task_start`` -> for each batch: ``logits`` -> ``loss`` + ``extra_losses``
--> backward/step -> ``after_step`` (and ``before_evaluation`` before every
-evaluation) -> ``on_task_end``.
+``on_task_start`` -> for each batch: ``forward`` (``features`` -> ``classify`` ->
+``loss`` + ``extra_losses``, all inside the one model call, so the whole graph
+runs under DDP) -> backward/step -> ``after_step`` (and ``before_evaluation``
+before every evaluation) -> ``on_task_end``.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +24,9 @@ from torch import nn
 
 from ..config import CLConfig
 from ..heads import task_mask_logits
+from ..outputs import CLModelOutput, model_inputs
 
 if TYPE_CHECKING:  # pragma: no cover
-    from accelerate import Accelerator
     from datasets import IterableDataset
 
     from ..data.streams import Experience
@@ -43,13 +44,33 @@ def seeded_init(seed: int) -> Iterator[None]:
 
 @dataclass
 class StepContext:
-    """What the engine tells a hook about where the stream is."""
+    """What the engine tells a hook: where the stream is, and how to combine tensors
+    across processes without touching the Accelerator (one process: both are identity).
 
-    accelerator: "Accelerator | None"
+    ``reduce(t)`` sums ``t`` over processes; ``gather(t)`` concatenates every process's
+    ``t`` along dim 0 in process order, dropping the samples duplicated to even out a
+    last batch, so a hook sees exactly the global batch one process would have seen.
+    Both are collectives: every process must call them together.
+    """
+
     task_id: int
     step_in_task: int = 0
     global_step: int = 0
     epochs: int = 1
+    process_index: int = 0
+    num_processes: int = 1
+    _reduce: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
+    _gather: Callable[[torch.Tensor], torch.Tensor] | None = field(default=None, repr=False)
+
+    def reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._reduce is None or self.num_processes == 1:
+            return tensor
+        return self._reduce(tensor).to(tensor.device)
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self._gather is None or self.num_processes == 1:
+            return tensor
+        return self._gather(tensor.contiguous())
 
 
 class ContinualMethod(nn.Module):
@@ -78,14 +99,36 @@ class ContinualMethod(nn.Module):
         """Add this method's modules to ``model`` (the backbone is already frozen if asked)."""
 
     # ---- forward ---------------------------------------------------------------
+    def forward(self, model: "CLModel", batch: dict[str, torch.Tensor]) -> CLModelOutput:
+        """One model call: logits, and when the batch has ``labels`` the loss with its named terms."""
+        inputs = model_inputs(batch)
+        if model.spec.modality == "lm":
+            return self.with_loss(model, batch, CLModelOutput(logits=model.backbone(**inputs).logits))
+        features = self.features(model, inputs)
+        out = CLModelOutput(logits=self.classify(model, features), features=features.detach())
+        return self.with_loss(model, batch, out)
+
     def features(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """What the classifier reads: the backbone's pooled features by default."""
         return model.extract_features(inputs)
 
-    def logits(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        return model.head(self.features(model, inputs))
+    def classify(self, model: "CLModel", features: torch.Tensor) -> torch.Tensor:
+        return model.head(features)
+
+    def with_loss(self, model: "CLModel", batch: dict[str, torch.Tensor], out: CLModelOutput) -> CLModelOutput:
+        """``out`` with ``loss``/``losses`` filled in when the batch is labelled (training)."""
+        if "labels" not in batch:
+            return out
+        if self.config.scenario == "task" and model.spec.modality != "lm":
+            out.logits = task_mask_logits(out.logits, self.task_classes)  # task id known: its classes only
+        losses = {"ce": self.loss(model, batch, out.logits), **self.extra_losses(model, batch, out.logits)}
+        out.losses, out.loss = losses, sum(losses.values())
+        return out
 
     def loss(self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
         labels = batch["labels"]
+        if model.spec.modality == "lm":
+            return language_model_loss(model, logits, labels, self.config.current_task_loss)
         if self.config.current_task_loss and self.config.scenario == "class" and len(self.task_classes) > 1:
             # Earlier classes leave the softmax (unless in the batch, e.g. replayed), so their head
             # rows get no push-down from new samples: the recency bias of a shared class-IL head.
@@ -120,22 +163,16 @@ class ContinualMethod(nn.Module):
         """Called before the first batch of an experience (the head has already grown)."""
 
     def after_step(
-        self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor, ctx: StepContext
+        self, model: "CLModel", batch: dict[str, torch.Tensor], out: CLModelOutput, ctx: StepContext
     ) -> None:
-        """Called after every optimiser step (or every batch, for methods with nothing to train)."""
+        """Called after every optimiser step (or every batch, for methods with nothing to train)
+        with that step's output (detached ``features``, ``extras``)."""
 
     def before_evaluation(self, model: "CLModel", ctx: StepContext) -> None:
         """Called before every evaluation, e.g. to synchronise statistics across processes."""
 
     def on_task_end(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
         """Called after the last batch of an experience."""
-
-    def curves(self) -> dict[str, list[list[float]]]:
-        """Method-specific series over the stream for plots, ``{name: [[step, value], ...]}``.
-
-        Default: any ``*_history`` entry of :meth:`extra_state` (e.g. a slot count).
-        """
-        return {k: v for k, v in self.extra_state().items() if k.endswith("_history")}
 
     # ---- state that is not a tensor ---------------------------------------------
     def extra_state(self) -> dict[str, Any]:
@@ -144,3 +181,35 @@ class ContinualMethod(nn.Module):
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`extra_state`; called *before* tensors load, so modules can be resized."""
+
+
+def language_model_loss(model: "CLModel", logits: torch.Tensor, labels: torch.Tensor, current_task: bool) -> torch.Tensor:
+    """Next-token cross-entropy (labels -100 are ignored), as the backbone's own loss computes it.
+
+    ``current_task``: the softmax covers only the tokens this batch predicts, the language-model
+    form of a current-task loss (tokens the batch never uses get no push-down).
+    """
+    if not current_task:
+        return model.backbone.loss_function(logits=logits, labels=labels, vocab_size=model.backbone.config.vocab_size)
+    shifted, targets = logits[:, :-1].float(), labels[:, 1:]
+    present = torch.unique(targets[targets != -100])
+    masked = shifted.new_full((shifted.shape[-1],), float("-inf")).index_fill_(0, present, 0.0)
+    return F.cross_entropy((shifted + masked).transpose(1, 2), targets, ignore_index=-100)
+
+
+def freeze_all_but(model: nn.Module, keep: Iterable[nn.Module | None]) -> list[nn.Parameter]:
+    """Stop training every parameter of ``model`` outside ``keep``; returns them for :func:`unfreeze`.
+
+    Used for the "FFN only" adaptation; :func:`unfreeze` runs at the task's end, so a
+    model saved between tasks still holds (and saves) every weight trained on task 0.
+    """
+    kept = {id(p) for module in keep if module is not None for p in module.parameters()}
+    frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in kept]
+    for param in frozen:
+        param.requires_grad_(False)
+    return frozen
+
+
+def unfreeze(params: list[nn.Parameter]) -> None:
+    for param in params:
+        param.requires_grad_(True)

@@ -7,6 +7,7 @@ from typing import Any
 
 from hf_clroute.metrics.aggregate import aggregate_runs, mean_std
 from hf_clroute.metrics.continual import (
+    SCENARIOS,
     SUMMARY_KEYS,
     anytime_accuracy,
     average_incremental_accuracy,
@@ -32,6 +33,7 @@ def load_metric(**kwargs: Any):
 
 __all__ = [
     "METRIC_PATH",
+    "SCENARIOS",
     "SUMMARY_KEYS",
     "aggregate_runs",
     "anytime_accuracy",

@@ -26,6 +26,9 @@ ArrayLike = Sequence[Sequence[float]] | Sequence[float] | np.ndarray
 
 SUMMARY_KEYS: tuple[str, ...] = ("A_T", "A_bar", "F_T", "BWT", "FWT", "A_AUC")
 
+#: The continual-learning scenarios: class-, domain- and task-incremental.
+SCENARIOS: tuple[str, ...] = ("class", "domain", "task")
+
 
 # --------------------------------------------------------------------- validation
 def _as_array(values: Any, name: str, ndim: int) -> np.ndarray:
@@ -162,17 +165,28 @@ def summarize(
     R: ArrayLike,
     b: ArrayLike | None = None,
     anytime: Sequence[float] | np.ndarray | None = None,
+    *,
+    scenario: str = "class",
 ) -> dict[str, float | None]:
-    """All SPEC 4 accuracy metrics: keys ``A_T, A_bar, F_T, BWT, FWT, A_AUC``.
+    """All accuracy metrics: keys ``A_T, A_bar, F_T, BWT, FWT, A_AUC``.
 
-    ``FWT`` is None without ``b`` and ``A_AUC`` is None without ``anytime``.
+    ``scenario`` is one of :data:`SCENARIOS`. In class-incremental runs
+    (``"class"``) task ``j``'s classes cannot be predicted before task ``j``
+    is trained (their head outputs are untrained, and masked where the
+    method masks unseen classes), so ``R[j-1][j]`` measures no transfer and
+    ``FWT`` is None there. For ``"domain"`` and ``"task"`` it is
+    :func:`forward_transfer`, and None without ``b``. ``A_AUC`` is None
+    without ``anytime``. ``R`` is validated in every case.
     """
+    if scenario not in SCENARIOS:
+        raise ValueError(f"scenario must be one of {SCENARIOS}, got {scenario!r}")
+    fwt = None if b is None or scenario == "class" else forward_transfer(R, b)
     return {
         "A_T": final_average_accuracy(R),
         "A_bar": average_incremental_accuracy(R),
         "F_T": forgetting(R),
         "BWT": backward_transfer(R),
-        "FWT": None if b is None else forward_transfer(R, b),
+        "FWT": fwt,
         "A_AUC": None if anytime is None else anytime_accuracy(anytime),
     }
 

@@ -1,11 +1,11 @@
-"""APN: Attractor Patch Networks (routed low-rank patch FFN), and its dense FFN-only counterpart."""
+"""APN: Attractor Patch Networks (routed low-rank patch FFN). Its dense FFN-only counterpart is the
+``finetune-ffn`` baseline (``hf_clroute.baselines.finetune``)."""
 
 from ...registry import register_method
-from .config import ApnConfig, FfnFinetuneConfig
-from .method import Apn, FfnFinetune, patch_overlap
+from .config import ApnConfig
+from .method import Apn, patch_overlap
 from .patch_ffn import PatchFFN
 
 register_method(ApnConfig, Apn)
-register_method(FfnFinetuneConfig, FfnFinetune)
 
-__all__ = ["Apn", "ApnConfig", "FfnFinetune", "FfnFinetuneConfig", "PatchFFN", "patch_overlap"]
+__all__ = ["Apn", "ApnConfig", "PatchFFN", "patch_overlap"]

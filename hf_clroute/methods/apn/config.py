@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ...baselines.finetune import FinetuneConfig
 from ...config import CLConfig
 
 ADAPT_PARAMS = ("all", "ffn")
@@ -67,16 +66,3 @@ class ApnConfig(CLConfig):
             not isinstance(self.target_blocks, list) or not all(isinstance(b, int) for b in self.target_blocks)
         ):
             raise ValueError(f"ApnConfig.target_blocks must be a list of block indices or None, got {self.target_blocks!r}")
-
-
-@dataclass
-class FfnFinetuneConfig(FinetuneConfig):
-    """Dense counterpart of APN's ``adapt_params='ffn'``: train everything on the first task,
-    then only the blocks' FFNs (and the head). The char-LM suite's "dense, FFN-only" variant."""
-
-    method = "finetune-ffn"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.freeze_backbone:
-            raise ValueError("FfnFinetuneConfig.freeze_backbone must be False: the FFNs are backbone weights")

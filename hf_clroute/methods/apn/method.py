@@ -14,39 +14,19 @@ during training (``patch_usage``, saved with the adapter), which
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from ...backbones import get_blocks
-from ...baselines.finetune import Finetune
-from ..base import ContinualMethod, StepContext
-from .config import ApnConfig, FfnFinetuneConfig
+from ..base import ContinualMethod, StepContext, freeze_all_but, unfreeze
+from .config import ApnConfig
 from .patch_ffn import AdapterFFN, PatchFFN, PostNormAdapterOutput
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...data.streams import Experience
     from ...model import CLModel
-
-
-def freeze_all_but(model: nn.Module, keep: Iterable[nn.Module | None]) -> list[nn.Parameter]:
-    """Stop training every parameter of ``model`` outside ``keep``; returns them for :func:`unfreeze`.
-
-    Used for the "FFN only" adaptation; :func:`unfreeze` runs at the task's end, so a
-    model saved between tasks still holds (and saves) every weight trained on task 0.
-    """
-    kept = {id(p) for module in keep if module is not None for p in module.parameters()}
-    frozen = [p for p in model.parameters() if p.requires_grad and id(p) not in kept]
-    for param in frozen:
-        param.requires_grad_(False)
-    return frozen
-
-
-def unfreeze(params: list[nn.Parameter]) -> None:
-    for param in params:
-        param.requires_grad_(True)
 
 
 def resolve_blocks(target_blocks: list[int] | None, num_blocks: int) -> list[int]:
@@ -116,7 +96,7 @@ class Apn(ContinualMethod):
         if self.config.adapt_params == "ffn" and ctx.task_id > 0:
             self._frozen = freeze_all_but(model, [*self.banks, model.head])
 
-    def after_step(self, model: "CLModel", batch, logits, ctx: StepContext) -> None:
+    def after_step(self, model: "CLModel", batch, out, ctx: StepContext) -> None:
         counts = [bank.step_counts for bank in self.banks]
         if any(c is None for c in counts):
             return
@@ -128,8 +108,7 @@ class Apn(ContinualMethod):
     def before_evaluation(self, model: "CLModel", ctx: StepContext) -> None:
         # Every process counted its own shard; sum them (a collective: all processes call this).
         pending = self._pending if self._pending is not None else self.patch_usage.new_zeros(self.patch_usage.shape[1:])
-        if ctx.accelerator is not None and ctx.accelerator.num_processes > 1:
-            pending = ctx.accelerator.reduce(pending.to(ctx.accelerator.device), "sum")
+        pending = ctx.reduce(pending)
         if self.patch_usage.shape[0] > self._task:
             self.patch_usage[self._task] += pending.to(self.patch_usage.device)
         self._pending = None
@@ -151,25 +130,6 @@ class Apn(ContinualMethod):
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self._resize_usage(int(state.get("usage_tasks", 0)))
-
-
-class FfnFinetune(Finetune):
-    """Dense fine-tuning that, from the second task on, trains only each block's FFN (and the head)."""
-
-    config_class = FfnFinetuneConfig
-
-    def __init__(self, config: FfnFinetuneConfig) -> None:
-        super().__init__(config)
-        self._frozen: list[nn.Parameter] = []
-
-    def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
-        if ctx.task_id > 0:
-            ffns = [block.get_submodule(p) for block in get_blocks(model.backbone) for p in model.spec.ffn]
-            self._frozen = freeze_all_but(model, [*ffns, model.head])
-
-    def on_task_end(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
-        unfreeze(self._frozen)
-        self._frozen = []
 
 
 # ------------------------------------------------------------------ patch overlap between tasks

@@ -5,7 +5,8 @@ Forward: h (frozen, pooled) -> memory -> h~ -> the shared incremental head g.
 DCDA stages, and how they are kept apart. The engine builds one optimizer at
 task start over every parameter with ``requires_grad``, so the memory and the
 head both stay trainable and a stage *leaves the other group out of the
-autograd graph* instead of freezing it:
+autograd graph* instead of freezing it (the whole step, loss included, is one
+``forward``, so under DDP the output reaches every parameter the loss uses):
 
 * stage 1 (memory only): logits use detached head weights, the loss is
   supervised contrastive on h~ + lambda_smooth * mean ||h~ - LN(h)||^2;
@@ -15,9 +16,7 @@ autograd graph* instead of freezing it:
 A parameter outside the graph gets ``grad=None``, which AdamW and SGD skip
 entirely (no momentum, no weight decay), so stage 1 provably never changes the
 head and stage 2 never the memory. (Multiplying a loss by zero would not do:
-Adam's momentum would still move the parameters.) Under DDP the forward output
-still reaches exactly the parameters the loss uses, as find_unused_parameters
-needs.
+Adam's momentum would still move the parameters.)
 
 The smoothness term compares h~ with LN(h), the memory's identity output,
 rather than raw h: the per-slot affine cannot undo the per-sample
@@ -37,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from ...outputs import CLModelOutput, model_inputs
 from ..base import ContinualMethod, StepContext
 from .config import MarsConfig
 from .sgse import ExpansionTest
@@ -73,7 +73,6 @@ class Mars(ContinualMethod):
     config_class = MarsConfig
     supported_modalities = ("image", "text")
     uses_head = True
-    reads_frozen_features = True
 
     def __init__(self, config: MarsConfig) -> None:
         super().__init__(config)
@@ -86,7 +85,6 @@ class Mars(ContinualMethod):
         self.classes_trained = 0
         self.skipped_expansions = 0
         self.slot_history: list[list[int]] = []
-        self._last: tuple[Routing, int] | None = None
 
     # ---- structure ------------------------------------------------------------------
     def attach(self, model: "CLModel") -> None:
@@ -125,56 +123,49 @@ class Mars(ContinualMethod):
         return 1 if self.task_samples < cfg.stage1_fraction * self.task_plan else 2
 
     # ---- forward ---------------------------------------------------------------------
-    def logits(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        h = self.features(model, inputs)
-        if not self.training:
-            self._last = None
-            return model.head(self.memory(h).output)
+    def forward(self, model: "CLModel", batch: dict[str, torch.Tensor]) -> CLModelOutput:
+        """h -> memory -> h~ -> head; in training the stage's loss, and the routing statistics
+        ``after_step`` folds into the memory and SGSE (in ``extras``)."""
+        h = self.features(model, model_inputs(batch))
+        if not self.training or "labels" not in batch:
+            out_h = self.memory(h).output
+            return CLModelOutput(logits=model.head(out_h), features=out_h.detach())
         stage = self.stage()
         with torch.set_grad_enabled(stage == 1 and torch.is_grad_enabled()):
             routing = self.memory(h)
-        self._last = (routing, stage)
         if stage == 2:
-            return model.head(routing.output)
-        if self.config.use_stage2:  # pure stage 1: the head is out of the graph
-            return F.linear(routing.output, model.head.weight.detach(), model.head.bias.detach())
-        # No stage 2 (ablation): the head learns by plain CE on h~, without moving the memory.
-        return model.head(routing.output.detach()) + (routing.output.sum() * 0.0)
-
-    def loss(self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
-        routing, stage = self._require_last()
+            logits = model.head(routing.output)
+        elif self.config.use_stage2:  # pure stage 1: the head is out of the graph
+            logits = F.linear(routing.output, model.head.weight.detach(), model.head.bias.detach())
+        else:  # no stage 2 (ablation): the head learns by plain CE on h~, without moving the memory
+            logits = model.head(routing.output.detach())
+        labels = batch["labels"]
         if stage == 2:  # the head's CE: the base loss, so ``current_task_loss`` applies
-            return super().loss(model, batch, logits)
-        loss = supervised_contrastive(routing.output, batch["labels"], self.config.supcon_temperature)
-        if not self.config.use_stage2:
-            loss = loss + super().loss(model, batch, logits)
-        return loss
-
-    def extra_losses(
-        self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor
-    ) -> dict[str, torch.Tensor]:
-        routing, stage = self._require_last()
-        cfg = self.config
-        if stage == 1:
+            losses = {"ce": self.loss(model, batch, logits), **self.stage2_losses(model, routing, logits)}
+        else:
+            losses = {"supcon": supervised_contrastive(routing.output, labels, self.config.supcon_temperature)}
+            if not self.config.use_stage2:
+                losses["ce"] = self.loss(model, batch, logits)
             smooth = (routing.output - routing.normed).pow(2).sum(dim=-1).mean()
-            return {"smooth": cfg.lambda_smooth * smooth}
-        terms: dict[str, torch.Tensor] = {}
-        n_old, T = self.old_classes, cfg.distill_temperature
+            losses["smooth"] = self.config.lambda_smooth * smooth
+        extras = {k: getattr(routing, k).detach() for k in ("normed", "probs", "query", "confidence")}
+        return CLModelOutput(
+            loss=sum(losses.values()), logits=logits, losses=losses, features=routing.output.detach(), extras=extras
+        )
+
+    def stage2_losses(self, model: "CLModel", routing: Routing, logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Distillation of the old classes: on current inputs (LwF) and on the slot anchors."""
+        cfg, n_old, T = self.config, self.old_classes, self.config.distill_temperature
         if n_old == 0:
-            return terms
+            return {}
         teacher = F.linear(routing.output, self.teacher_weight, self.teacher_bias)
-        terms["lwf"] = cfg.lambda_lwf * distillation(logits[:, :n_old], teacher, T)
+        terms = {"lwf": cfg.lambda_lwf * distillation(logits[:, :n_old], teacher, T)}
         if cfg.use_anchors and len(self.anchor_slots):
             with torch.no_grad():
                 anchors = self.memory.anchors(self.anchor_slots, self.anchor_means)
             student = model.head(anchors)[:, :n_old]
             terms["anchor"] = cfg.lambda_anchor * distillation(student, self.anchor_targets, T)
         return terms
-
-    def _require_last(self) -> tuple[Routing, int]:
-        if self._last is None:
-            raise RuntimeError("Mars.loss needs the routing of a training forward pass (call model.train())")
-        return self._last
 
     # ---- hooks -----------------------------------------------------------------------
     def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
@@ -196,17 +187,13 @@ class Mars(ContinualMethod):
         self.anchor_targets = F.linear(anchors, self.teacher_weight, self.teacher_bias)
 
     @torch.no_grad()
-    def after_step(self, model: "CLModel", batch, logits, ctx: StepContext) -> None:
-        routing, _ = self._require_last()
-        gathered = [routing.normed, routing.probs, routing.query, routing.confidence]
-        if ctx.accelerator is not None and ctx.accelerator.num_processes > 1:
-            gathered = [ctx.accelerator.gather(t.contiguous()) for t in gathered]
-        normed, probs, query, confidence = (t.detach().float() for t in gathered)
+    def after_step(self, model: "CLModel", batch, out: CLModelOutput, ctx: StepContext) -> None:
+        gathered = [ctx.gather(out.extras[k]) for k in ("normed", "probs", "query", "confidence")]
+        normed, probs, query, confidence = (t.float() for t in gathered)
         self.memory.update_statistics(normed, probs, self.config.stat_momentum)
         self._observe(query, confidence, ctx.global_step + 1)
         self.task_step += 1
         self.task_samples += len(confidence)
-        self._last = None
 
     def _observe(self, query: torch.Tensor, confidence: torch.Tensor, step: int) -> None:
         """Seed the keys from the first queries, then feed every input to SGSE."""

@@ -34,7 +34,6 @@ _TRAIN, _EVAL = 0, 1
 class Qoa(ContinualMethod):
     config_class = QoaConfig
     uses_head = False
-    reads_frozen_features = True
 
     def __init__(self, config: QoaConfig) -> None:
         super().__init__(config)
@@ -42,7 +41,6 @@ class Qoa(ContinualMethod):
             raise ValueError("QoaConfig.task must be 'classification' for the QOA head (regression is standalone only)")
         self.buffer = ReservoirBuffer(config.buffer_size, seed=config.seed)
         self.num_classes = 0
-        self._last_features: torch.Tensor | None = None
 
     def attach(self, model: "CLModel") -> None:
         # The scorer's init depends on the config's seed only, and leaves the global RNG as it was.
@@ -62,9 +60,7 @@ class Qoa(ContinualMethod):
         labels = F.one_hot(items["labels"], self.config.max_classes).to(items["features"].dtype)
         return items["features"], labels
 
-    def logits(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        features = self.features(model, inputs)
-        self._last_features = features.detach()
+    def classify(self, model: "CLModel", features: torch.Tensor) -> torch.Tensor:
         if len(self.buffer) == 0:
             # The very first batch has no support: predict uniformly. The zero-weighted term
             # keeps the scorer in the graph, so the first optimiser step is a harmless no-op.
@@ -76,11 +72,9 @@ class Qoa(ContinualMethod):
             prediction, self.num_classes, self.scorer.outputs_probabilities, self.config.probability_floor
         )
 
-    def after_step(self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor, ctx: StepContext) -> None:
-        features, labels = self._last_features, batch["labels"]
-        acc = ctx.accelerator
-        if acc is not None and acc.num_processes > 1:  # every process adds the whole global batch, in order
-            features, labels = acc.gather(features), acc.gather(labels)
+    def after_step(self, model: "CLModel", batch: dict[str, torch.Tensor], out, ctx: StepContext) -> None:
+        # Every process adds the whole global batch, in order, so the buffers stay identical.
+        features, labels = ctx.gather(out.features), ctx.gather(batch["labels"])
         self.buffer.add({"features": features.float(), "labels": labels.long()})
 
     def extra_state(self) -> dict[str, Any]:

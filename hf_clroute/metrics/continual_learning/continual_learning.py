@@ -4,7 +4,7 @@ Load offline with ``evaluate.load("<path to this folder>")`` or
 ``hf_clroute.metrics.load_metric()``. Each *example* is one row of the accuracy
 matrix, so either pass the whole matrix at once::
 
-    metric.compute(accuracy_matrix=R, untrained_accuracy=b, anytime=evals)
+    metric.compute(accuracy_matrix=R, untrained_accuracy=b, anytime=evals, scenario="domain")
 
 or add one row per task boundary with ``metric.add(accuracy_matrix=R[t])`` and
 call ``metric.compute()`` at the end. Rows are kept in the order added.
@@ -42,8 +42,11 @@ Args:
     accuracy_matrix: the T x T accuracy matrix, one row (list of T floats) per example.
     untrained_accuracy: optional, length-T accuracies of the untrained model (enables FWT).
     anytime: optional list of periodic average accuracies during the stream (enables A_AUC).
+    scenario: 'class' (default), 'domain' or 'task'. FWT is None for 'class': a task's
+        classes cannot be predicted before that task is trained, so forward transfer is undefined.
 Returns:
-    dict with keys A_T, A_bar, F_T, BWT, FWT, A_AUC (FWT / A_AUC are None when their input is absent).
+    dict with keys A_T, A_bar, F_T, BWT, FWT, A_AUC (A_AUC is None without anytime; FWT is None
+    without untrained_accuracy or for scenario='class').
 Examples:
     >>> metric = evaluate.load("path/to/continual_learning")
     >>> round(metric.compute(accuracy_matrix=[[0.9, 0.0], [0.7, 0.8]])["BWT"], 6)
@@ -63,5 +66,5 @@ class ContinualLearning(evaluate.Metric):
             features=datasets.Features({"accuracy_matrix": datasets.Sequence(datasets.Value("float64"))}),
         )
 
-    def _compute(self, accuracy_matrix, untrained_accuracy=None, anytime=None):
-        return summarize(accuracy_matrix, b=untrained_accuracy, anytime=anytime)
+    def _compute(self, accuracy_matrix, untrained_accuracy=None, anytime=None, scenario="class"):
+        return summarize(accuracy_matrix, b=untrained_accuracy, anytime=anytime, scenario=scenario)

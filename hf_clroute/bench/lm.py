@@ -41,17 +41,19 @@ import torch
 from datasets import Dataset
 from transformers import GPT2LMHeadModel
 
-from .backbones import char_lm_config, get_blocks
-from .baselines.finetune import FinetuneConfig
-from .char_tokenizer import CharTokenizer
-from .config import CLConfig
-from .data import CausalLMCollator, load_source, text_domains
-from .engine import ContinualTrainer, TrainingConfig, make_accelerator
-from .io import atomic_write_text
-from .methods.apn import ApnConfig, FfnFinetuneConfig, PatchFFN, patch_overlap
-from .metrics import mean_std, perplexity_retention, retention
-from .model import get_cl_model
-from .suites import method_settings, read_suite_file
+from ..backbones import char_lm_config, get_blocks
+from ..baselines.finetune import FinetuneConfig
+from ..char_tokenizer import CharTokenizer
+from ..config import CLConfig
+from ..data import CausalLMCollator, load_source, text_domains
+from ..engine import ContinualTrainer, TrainingConfig, make_accelerator
+from ..io import atomic_write_text
+from ..baselines.finetune import FfnFinetuneConfig
+from ..methods.apn import ApnConfig, PatchFFN, patch_overlap
+from ..metrics import mean_std, perplexity_retention, retention
+from ..model import get_cl_model
+from .settings import merged_method_settings
+from .suites import read_suite_file
 
 ARCHITECTURES = ("dense", "apn")
 ADAPTATIONS = ("all", "ffn")
@@ -62,7 +64,7 @@ class CharLMSuite:
     """The suite file's fields (``hf_clroute/configs/suites/charlm-domains.json``)."""
 
     name: str = field(metadata={"help": "Suite name; also the key of per-suite settings in hf_clroute/configs/methods/apn.json."})
-    runner: str = field(metadata={"help": "This runner ('hf_clroute.bench_lm:run')."})
+    runner: str = field(metadata={"help": "This runner ('hf_clroute.bench.lm:run')."})
     domains: list[str] = field(metadata={"help": "Text sources (see `hf-clroute data list`) in training order: A, B, C."})
     model: dict[str, Any] = field(metadata={"help": "char_lm_config overrides: n_layer, n_embd, n_head, dropouts."})
     block_size: int = field(default=128, metadata={"help": "Characters per training/evaluation window (context length)."})
@@ -105,7 +107,7 @@ def variant_config(suite: CharLMSuite, variant: str) -> CLConfig:
     arch, adapt = parse_variant(variant)
     if arch == "dense":
         return FinetuneConfig(freeze_backbone=False) if adapt == "all" else FfnFinetuneConfig()
-    settings = method_settings("apn", suite.name)["config"]
+    settings = merged_method_settings("apn", [suite.name])["config"]
     return ApnConfig(**{**settings, "mode": "replace", "freeze_backbone": False, "adapt_params": adapt})
 
 
@@ -231,7 +233,7 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
                   f"new-domain PPL {', '.join(f'{x:.2f}' for x in row['adaptation'])} ({row['wall_s']:.0f}s)", flush=True)
     config = {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"}
     return write_results({"suite": suite.name, "seeds": seeds, "quick": quick,
-                          "config": config | {"apn": method_settings("apn", suite.name)["config"]}}, runs, out)
+                          "config": config | {"apn": merged_method_settings("apn", [suite.name])["config"]}}, runs, out)
 
 
 def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:

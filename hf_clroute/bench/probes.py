@@ -13,12 +13,17 @@ The paper's feature separability SNR is reported beside it.
 from __future__ import annotations
 
 import itertools
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch.utils.data import DataLoader
 
-from .data.streams import Experience
+from ..data.streams import Experience
+from ..engine import Callback
+from ..outputs import model_inputs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..engine import ContinualTrainer
 
 PROBE_RIDGE = 1e-2
 
@@ -33,7 +38,7 @@ def model_features(model, dataset, collator: Callable, limit: int | None = None,
     device = next(model.parameters()).device
     feats, labels = [], []
     for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collator):
-        inputs = {k: v.to(device) for k, v in batch.items() if k != "labels"}
+        inputs = {k: v.to(device) for k, v in model_inputs(batch).items()}
         feats.append(model.method.features(model, inputs).float().cpu())
         labels.append(batch["labels"])
     model.train(was_training)
@@ -87,3 +92,15 @@ def forgetting_split(accuracy_matrix, probe_diag, probe_final) -> dict[str, obje
     deep = [probe_diag[j] - probe_final[j] for j in range(T - 1)]
     mean = lambda v: sum(v) / len(v) if v else 0.0  # noqa: E731
     return {"shallow_per_task": shallow, "deep_per_task": deep, "shallow": mean(shallow), "deep": mean(deep)}
+
+
+class ForgettingProbes(Callback):
+    """Engine callback: probe task j right after it (``diag``) and every task after the last (``final``)."""
+
+    name = "probes"
+
+    def on_task_end(self, trainer: "ContinualTrainer", task_id: int) -> None:
+        records = self.records(trainer)
+        records.setdefault("diag", []).append(probe_task(trainer.model, trainer.stream[task_id], trainer.collator))
+        if task_id == len(trainer.stream) - 1:
+            records["final"] = [probe_task(trainer.model, e, trainer.collator) for e in trainer.stream]

@@ -13,7 +13,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-from .suites import method_description
+from .settings import method_description
 
 TEMPLATE = Path(__file__).resolve().parent / "model_cards" / "adapter_card.md"
 

@@ -106,7 +106,7 @@ def get_recipe(name: str) -> Recipe:
 
 
 def models_dir() -> Path:
-    from .data.sources import cache_dir
+    from ..data.sources import cache_dir
 
     return cache_dir() / "models"
 
@@ -165,7 +165,7 @@ def _train_module() -> Any:
     name = "hf_clroute_training_pretrain_vit"
     if name in sys.modules:
         return sys.modules[name]
-    candidates = [Path(__file__).resolve().parent.parent / "training" / "pretrain_vit.py"]
+    candidates = [Path(__file__).resolve().parents[2] / "training" / "pretrain_vit.py"]
     if os.environ.get("HF_CLROUTE_TRAINING_DIR"):
         candidates.insert(0, Path(os.environ["HF_CLROUTE_TRAINING_DIR"]) / "pretrain_vit.py")
     for path in candidates:
@@ -193,8 +193,8 @@ def load_images(dataset_name: str, split: str, with_labels: bool = True,
     *before* anything is read, so the labels provably never leave the dataset.
     ``limit`` keeps the first ``limit`` examples (tests).
     """
-    from .data.loading import load_labeled_dataset
-    from .data.sources import SOURCES, load_source
+    from ..data.loading import load_labeled_dataset
+    from ..data.sources import SOURCES, load_source
 
     if with_labels:
         ds = load_labeled_dataset(dataset_name)[split]  # validated: canonical image/label columns

@@ -16,9 +16,10 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from .data.streams import Experience
-from .heads import task_mask_logits
-from .model import CLModel
+from ..data.streams import Experience
+from ..heads import task_mask_logits
+from ..model import CLModel
+from ..outputs import model_inputs
 
 
 @dataclass
@@ -31,10 +32,6 @@ class EvalTimer:
     @property
     def samples_per_s(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else 0.0
-
-
-def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: v for k, v in batch.items() if k != "labels"}
 
 
 def sequence_nll(model: CLModel, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +62,7 @@ def evaluate_experience(
             score, total = score + nll.sum().item(), total + tokens.sum().item()
             samples += tokens.numel()
             continue
-        logits = model(**model_inputs(batch))
+        logits = model(**model_inputs(batch)).logits
         unlearnt = max(task_classes or [0]) >= logits.shape[1]
         if logits.shape[1] == 0 or unlearnt:  # the head has no output for this task yet: all wrong
             preds = torch.full_like(batch["labels"], -1)

@@ -15,13 +15,11 @@ optimisation trajectory up to floating-point noise.
 from __future__ import annotations
 
 import copy
-import json
 import resource
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from accelerate import Accelerator
@@ -29,19 +27,18 @@ from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwa
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from .data.streams import Experience
-from .evaluation import EvalTimer, evaluate_experience, model_inputs, test_loader
-from .heads import task_mask_logits
-from .io import atomic_write_text
-from .methods.base import StepContext
-from .model import CLModel
-from .probes import probe_task
+from ..data.streams import Experience
+from ..methods.base import StepContext
+from ..model import CLModel
+from ..outputs import CLModelOutput, model_inputs
+from .callbacks import Callback
+from .checkpoint import find_checkpoint, read_state, save_checkpoint
+from .evaluation import EvalTimer, evaluate_experience, test_loader
 
-STATE_NAME = "trainer_state.json"
 #: StreamResult fields a checkpoint carries, so a resumed run reports the whole stream.
 RESUMABLE_FIELDS = (
     "accuracy_matrix", "untrained_accuracy", "anytime", "train_samples", "train_seconds",
-    "global_step", "completed_tasks", "probe_diag",
+    "global_step", "completed_tasks", "records",
 )
 
 
@@ -60,12 +57,11 @@ class TrainingConfig:
     seed: int = field(default=0, metadata={"help": "Seed for weights, dropout and head growth."})
     checkpoint_dir: str | None = field(default=None, metadata={"help": "Where checkpoints go; None = no checkpoints."})
     checkpoint_every: int = field(default=0, metadata={"help": "Also checkpoint every N steps (0 = task ends only)."})
+    keep_checkpoints: int = field(
+        default=2, metadata={"help": "Keep only the newest N checkpoints (0 = keep all)."}
+    )
     stop_after_steps: int = field(
         default=0, metadata={"help": "Stop (resumably) after this many global steps, for time-limited jobs; 0 = run all."}
-    )
-    probe_forgetting: bool = field(
-        default=False,
-        metadata={"help": "Fit linear probes on each task's features at its end and at the stream's end (deep forgetting)."},
     )
     log_with: str | None = field(default=None, metadata={"help": "Accelerate tracker name (e.g. 'tensorboard')."})
     progress: bool = field(default=True, metadata={"help": "Show progress bars on the main process."})
@@ -74,7 +70,7 @@ class TrainingConfig:
         for name in ("learning_rate", "batch_size", "eval_batch_size", "epochs"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"TrainingConfig.{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("eval_every", "checkpoint_every", "stop_after_steps", "weight_decay", "max_grad_norm"):
+        for name in ("eval_every", "checkpoint_every", "keep_checkpoints", "stop_after_steps", "weight_decay", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainingConfig.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.optimizer not in ("adamw", "sgd"):
@@ -103,8 +99,7 @@ class StreamResult:
     finished: bool = False
     peak_mem_mb: float = 0.0
     params: dict[str, float] = field(default_factory=dict)
-    probe_diag: list[dict[str, float]] = field(default_factory=list)  # task j probed right after task j
-    probe_final: list[dict[str, float]] = field(default_factory=list)  # every task probed after the last
+    records: dict[str, Any] = field(default_factory=dict)  # callbacks' records, by callback name
 
     @property
     def train_samples_per_s(self) -> float:
@@ -136,7 +131,13 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 class ContinualTrainer:
-    """Runs one model over one stream; ``fit()`` returns a :class:`StreamResult`."""
+    """Runs one model over one stream; ``fit()`` returns a :class:`StreamResult`.
+
+    ``callbacks`` run at every task end (e.g. the bench's forgetting probes).
+    ``run_info`` (say ``{"suite": ...}``) is stored with every checkpoint with the
+    method, its adapter config and the seed; resuming from a checkpoint of another
+    run is refused, naming the field that differs.
+    """
 
     #: steps excluded from the training throughput (allocation, first-call overheads).
     warmup_steps = 3
@@ -148,6 +149,8 @@ class ContinualTrainer:
         config: TrainingConfig,
         collator: Callable,
         accelerator: Accelerator | None = None,
+        callbacks: Sequence[Callback] = (),
+        run_info: dict[str, Any] | None = None,
     ) -> None:
         method = model.method
         if config.mode not in method.supported_modes:
@@ -156,6 +159,9 @@ class ContinualTrainer:
             raise ValueError("the stream has no experiences")
         self.model, self.stream, self.config, self.collator = model, stream, config, collator
         self.accelerator = accelerator or make_accelerator(config)
+        self.callbacks = list(callbacks)
+        self.run_info = {"method": model.config.method, "seed": config.seed,
+                         "adapter_config": model.config.to_dict(), **(run_info or {})}
         self.result = StreamResult()
         self.timer = EvalTimer()
         self._test_loaders: dict[int, DataLoader] = {}
@@ -163,11 +169,11 @@ class ContinualTrainer:
 
     # ---- public ---------------------------------------------------------------
     def fit(self, resume_from: str | Path | None = None) -> StreamResult:
-        acc, cfg = self.accelerator, self.config
+        accelerator, cfg = self.accelerator, self.config
         set_seed(cfg.seed)
-        self.model.to(acc.device)
+        self.model.to(accelerator.device)
         if cfg.log_with:
-            acc.init_trackers("hf_clroute", config={"training": asdict(cfg), "method": self.model.config.to_dict()})
+            accelerator.init_trackers("hf_clroute", config={"training": asdict(cfg), "method": self.model.config.to_dict()})
         start_task = self._resume(resume_from) if resume_from else 0
         if not self.result.untrained_accuracy:
             self.result.untrained_accuracy = self._untrained_accuracy()
@@ -176,16 +182,15 @@ class ContinualTrainer:
                 break  # stopped by stop_after_steps; resumable from the last checkpoint
         self.result.finished = self.result.completed_tasks == len(self.stream)
         self.result.params = self.model.parameter_counts()
-        self.result.peak_mem_mb = peak_memory_mb(acc.device)
+        self.result.peak_mem_mb = peak_memory_mb(accelerator.device)
         self.result.eval_samples, self.result.eval_seconds = self.timer.samples, self.timer.seconds
         if cfg.log_with:
-            acc.end_training()
+            accelerator.end_training()
         return self.result
 
     def evaluate_row(self, task_id: int, upto: int | None = None) -> list[float]:
         """Accuracy (or perplexity) on every task's test split, or on tasks <= upto."""
-        ctx = self._ctx(task_id)
-        self.model.method.before_evaluation(self.model, ctx)
+        self.model.method.before_evaluation(self.model, self.context(task_id))
         if upto is not None:
             return [self._evaluate(j) for j in range(upto + 1)]
         if self.model.config.scenario == "class" and self.model.spec.modality != "lm":
@@ -196,86 +201,87 @@ class ContinualTrainer:
             return [self._evaluate(j) for j in range(upto + 1)] + [0.0] * (len(self.stream) - upto - 1)
         return [self._evaluate(j) for j in range(len(self.stream))]
 
+    def context(self, task_id: int) -> StepContext:
+        """Where the stream is, with the process collectives hooks may use."""
+        accelerator = self.accelerator
+        return StepContext(
+            task_id, self._step_in_task, self.result.global_step, self.config.epochs,
+            process_index=accelerator.process_index, num_processes=accelerator.num_processes,
+            _reduce=lambda t: accelerator.reduce(t.to(accelerator.device), "sum"),
+            _gather=accelerator.gather_for_metrics,
+        )
+
     # ---- the loop ----------------------------------------------------------------
     def _train_experience(self, task_id: int) -> bool:
-        acc, cfg, model = self.accelerator, self.config, self.model
+        accelerator, cfg, model = self.accelerator, self.config, self.model
         experience = self.stream[task_id]
         resuming_mid_task = self._step_in_task > 0
-        ctx = self._ctx(task_id)
         if model.config.scenario == "domain":
             model.grow_head(max(max(e.classes) for e in self.stream) + 1)
         elif experience.classes:
             model.grow_head(max(experience.classes) + 1)
-        model.method.begin_task(model, experience, ctx)
+        model.method.begin_task(model, experience, self.context(task_id))
 
         trainable = model.trainable_parameters()
         data = model.method.training_stream(experience, self.stream[: task_id + 1], cfg.epochs)
         loader = DataLoader(data, batch_size=cfg.batch_size, collate_fn=self.collator)
         if trainable:
             optimizer = self._optimizer(trainable)
-            train_model, optimizer, loader = acc.prepare(model, optimizer, loader)
+            train_model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
         else:  # nothing to train (e.g. NCM): no DDP wrapper, statistics are reduced by the method
-            train_model, optimizer, loader = model, None, acc.prepare(loader)
+            train_model, optimizer, loader = model, None, accelerator.prepare(loader)
         if resuming_mid_task:
-            acc.load_state(str(self._resume_dir / "accelerate"))
-            loader = acc.skip_first_batches(loader, self._step_in_task)
+            accelerator.load_state(str(self._resume_dir / "accelerate"))
+            loader = accelerator.skip_first_batches(loader, self._step_in_task)
 
-        task_classes = experience.classes if model.config.scenario == "task" else None
-        bar = tqdm(loader, desc=f"task {task_id} ({experience.name})", disable=not (cfg.progress and acc.is_local_main_process), leave=False)
+        show = cfg.progress and accelerator.is_local_main_process
+        bar = tqdm(loader, desc=f"task {task_id} ({experience.name})", disable=not show, leave=False)
         for batch in bar:
             started = time.perf_counter()
-            logits, loss = self._step(train_model, optimizer, trainable, batch, task_classes)
-            ctx = self._ctx(task_id)
-            model.method.after_step(model, batch, logits, ctx)
+            out = self._step(train_model, optimizer, trainable, batch)
+            model.method.after_step(model, batch, out, self.context(task_id))
             self._count_train(batch, time.perf_counter() - started)
             self._step_in_task += 1
             self.result.global_step += 1
             step = self.result.global_step
-            if loss is not None and step % 10 == 0:
+            if out.loss is not None and step % 10 == 0:
+                loss = out.loss.item()
                 bar.set_postfix(loss=f"{loss:.3f}")
                 if cfg.log_with:
-                    acc.log({"train/loss": loss}, step=step)
+                    accelerator.log({"train/loss": loss}, step=step)
             if cfg.eval_every and step % cfg.eval_every == 0:
                 self._anytime_eval(task_id)
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                self._checkpoint(task_id, ctx)
+                self._checkpoint(task_id)
             if cfg.stop_after_steps and step >= cfg.stop_after_steps:
                 return False
 
-        model.method.on_task_end(model, experience, self._ctx(task_id))
+        model.method.on_task_end(model, experience, self.context(task_id))
         self.result.accuracy_matrix.append(self.evaluate_row(task_id))
         if cfg.log_with:
-            acc.log({f"eval/R_{task_id}_{j}": v for j, v in enumerate(self.result.accuracy_matrix[-1])}, step=self.result.global_step)
-        if cfg.probe_forgetting and model.spec.modality != "lm":
-            self._probe(task_id)
+            accelerator.log({f"eval/R_{task_id}_{j}": v for j, v in enumerate(self.result.accuracy_matrix[-1])}, step=self.result.global_step)
+        for callback in self.callbacks:
+            callback.on_task_end(self, task_id)
         self.result.completed_tasks = task_id + 1
         self._step_in_task = 0
-        acc.free_memory()  # drop this task's DDP wrapper/optimizer; the next task may add parameters
+        accelerator.free_memory()  # drop this task's DDP wrapper/optimizer; the next task may add parameters
         if cfg.checkpoint_dir:
-            self._checkpoint(task_id + 1, self._ctx(task_id))
+            self._checkpoint(task_id + 1, context_task=task_id)
         return True
 
-    def _step(self, train_model, optimizer, trainable, batch, task_classes) -> tuple[torch.Tensor, float | None]:
-        model, cfg = self.model, self.config
-        inputs = model_inputs(batch)
-        if optimizer is None:
+    def _step(self, train_model, optimizer, trainable, batch) -> CLModelOutput:
+        """One model call and, when there is something to train, one optimiser step."""
+        if optimizer is None:  # statistics only: no loss to compute
             with torch.no_grad():
-                return train_model(**inputs), None
+                return train_model(**model_inputs(batch))
         train_model.train()
-        if model.spec.modality == "lm":
-            outputs = train_model(**batch)
-            logits, loss = outputs.logits, outputs.loss
-        else:
-            logits = task_mask_logits(train_model(**inputs), task_classes)
-            loss = model.method.loss(model, batch, logits)
-        for term in model.method.extra_losses(model, batch, logits).values():
-            loss = loss + term
-        self.accelerator.backward(loss)
-        if cfg.max_grad_norm:
-            self.accelerator.clip_grad_norm_(trainable, cfg.max_grad_norm)
+        out = train_model(**batch)
+        self.accelerator.backward(out.loss)
+        if self.config.max_grad_norm:
+            self.accelerator.clip_grad_norm_(trainable, self.config.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        return logits.detach(), loss.item()
+        return out
 
     def _optimizer(self, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
         cfg = self.config
@@ -296,12 +302,6 @@ class ContinualTrainer:
             self._test_loaders[task_id] = test_loader(self.stream[task_id], self.collator, self.config.eval_batch_size, self.accelerator)
         classes = self.stream[task_id].classes if self.model.config.scenario == "task" else None
         return evaluate_experience(self.model, self._test_loaders[task_id], self.accelerator, task_classes=classes, timer=self.timer)
-
-    def _probe(self, task_id: int) -> None:
-        """Linear probes for shallow/deep forgetting (see ``hf_clroute.probes``); not timed."""
-        self.result.probe_diag.append(probe_task(self.model, self.stream[task_id], self.collator))
-        if task_id == len(self.stream) - 1:
-            self.result.probe_final = [probe_task(self.model, e, self.collator) for e in self.stream]
 
     def _anytime_eval(self, task_id: int) -> None:
         row = self.evaluate_row(task_id, upto=task_id)
@@ -326,48 +326,20 @@ class ContinualTrainer:
         return scores
 
     # ---- checkpoints -------------------------------------------------------------------
-    def _ctx(self, task_id: int) -> StepContext:
-        return StepContext(self.accelerator, task_id, self._step_in_task, self.result.global_step, self.config.epochs)
-
-    def _checkpoint(self, next_task: int, ctx: StepContext) -> None:
-        """Write ``ckpt-<step>/`` (accelerate state, adapter, loop state) then point ``latest`` at it."""
-        acc, root = self.accelerator, Path(self.config.checkpoint_dir)
+    def _checkpoint(self, next_task: int, context_task: int | None = None) -> None:
         # Pending statistics (e.g. NCM sums not yet reduced) must be in the saved tensors.
-        self.model.method.before_evaluation(self.model, ctx)
-        final = root / f"ckpt-{self.result.global_step:08d}"
-        tmp = root / f".tmp-{final.name}"
-        if acc.is_main_process:
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            # Every process writes its RNG state into this directory: it must exist
-            # before the barrier, or a fast rank races the main process creating it.
-            (tmp / "accelerate").mkdir(parents=True)
-        acc.wait_for_everyone()
-        acc.save_state(str(tmp / "accelerate"))
-        # Every rank writes its own RNG file: wait for all before the directory is renamed.
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            self.model.save_pretrained(tmp / "adapter")
-            state = {"next_task": next_task, "step_in_task": self._step_in_task, **self._result_state()}
-            atomic_write_text(tmp / STATE_NAME, json.dumps(state, sort_keys=True))
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
-            atomic_write_text(root / "latest", final.name + "\n")
-        acc.wait_for_everyone()
-
-    def _result_state(self) -> dict[str, Any]:
-        state = {k: getattr(self.result, k) for k in RESUMABLE_FIELDS}
-        return state | {"eval_samples": self.timer.samples, "eval_seconds": self.timer.seconds}
+        task = next_task if context_task is None else context_task
+        self.model.method.before_evaluation(self.model, self.context(task))
+        state = {"next_task": next_task, "step_in_task": self._step_in_task, "run": self.run_info,
+                 **{k: getattr(self.result, k) for k in RESUMABLE_FIELDS},
+                 "eval_samples": self.timer.samples, "eval_seconds": self.timer.seconds}
+        save_checkpoint(Path(self.config.checkpoint_dir), self.result.global_step, self.accelerator, self.model,
+                        state, keep=self.config.keep_checkpoints)
 
     def _resume(self, resume_from: str | Path) -> int:
-        path = Path(resume_from)
-        if path.is_dir() and (path / "latest").is_file():
-            path = path / (path / "latest").read_text().strip()
-        state_file = path / STATE_NAME
-        if not state_file.is_file():
-            raise FileNotFoundError(f"no checkpoint at {resume_from} (expected {STATE_NAME} or a 'latest' pointer)")
-        state = json.loads(state_file.read_text())
+        path = find_checkpoint(resume_from)
+        state = read_state(path)
+        self._check_same_run(state.get("run", {}), path)
         self.model.load_adapter_weights(path / "adapter", source=str(path))
         for key in RESUMABLE_FIELDS:
             setattr(self.result, key, state[key])
@@ -377,3 +349,19 @@ class ContinualTrainer:
         if self._step_in_task == 0:  # a task boundary: only the RNG state is in the accelerate dir
             self.accelerator.load_state(str(path / "accelerate"))
         return state["next_task"]
+
+    def _check_same_run(self, stored: dict[str, Any], path: Path) -> None:
+        """Refuse a checkpoint written by another run (seed, method, suite, adapter config)."""
+        for key, value in self.run_info.items():
+            if key not in stored:
+                continue
+            if key == "adapter_config":
+                differ = sorted(k for k in set(value) | set(stored[key]) if value.get(k) != stored[key].get(k))
+                if differ:
+                    field_name = differ[0]
+                    raise ValueError(
+                        f"checkpoint {path} is from another run: adapter config field {field_name!r} is "
+                        f"{stored[key].get(field_name)!r} there but {value.get(field_name)!r} in this run"
+                    )
+            elif stored[key] != value:
+                raise ValueError(f"checkpoint {path} is from another run: {key} is {stored[key]!r} there but {value!r} in this run")

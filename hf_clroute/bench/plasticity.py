@@ -44,9 +44,9 @@ from torch import nn
 from torch.func import functional_call, hessian
 
 from .flops import count_flops
-from .io import atomic_write_text
-from .methods.qoa import QoaConfig, QoaLearner, QueryOnlyAttention
-from .metrics import mean_std
+from ..io import atomic_write_text
+from ..methods.qoa import QoaConfig, QoaLearner, QueryOnlyAttention
+from ..metrics import mean_std
 from .suites import read_suite_file
 
 ALL_METHODS = ("qoa", "full_attention", "backprop", "cbp")
@@ -97,7 +97,7 @@ class Task:
 
 
 def permuted_mnist_tasks(suite: PlasticitySuite, seed: int) -> list[Task]:
-    from .data import load_source, permuted
+    from ..data import load_source, permuted
 
     stream = permuted(load_source("mnist"), n_tasks=suite.n_tasks, seed=seed, image_size=suite.image_size,
                       train_per_task=suite.train_per_task, test_per_task=suite.test_per_task, name="mnist")

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from datasets import Dataset
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .backbones import get_backbone_spec, get_base_model, pooled_features
-from .data.streams import Experience
+from ..backbones import get_backbone_spec, get_base_model, pooled_features
+from ..data.streams import Experience
+from ..outputs import model_inputs
 
 
 class FeatureCollator:
@@ -40,7 +41,7 @@ def encode(backbone: nn.Module, dataset: Dataset, collator: Callable, batch_size
     spec = get_backbone_spec(base)
     chunks = []
     for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collator):
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        inputs = model_inputs(batch)
         chunks.append(pooled_features(spec, base(**inputs), inputs.get("attention_mask")))
     features = torch.cat(chunks) if chunks else torch.zeros(0)
     return Dataset.from_dict({"features": features.numpy(), "label": list(dataset["label"])})
@@ -71,7 +72,7 @@ def backbone_throughput(
         base.train(train)
         seen, elapsed = 0, 0.0
         for i, batch in enumerate(batches):
-            inputs = {k: v for k, v in batch.items() if k != "labels"}
+            inputs = model_inputs(batch)
             start = time.perf_counter()
             with torch.set_grad_enabled(train):
                 out = pooled_features(spec, base(**inputs), inputs.get("attention_mask"))
@@ -84,3 +85,22 @@ def backbone_throughput(
         return seen / elapsed if elapsed else 0.0
 
     return {"train_samples_per_s": run(True), "infer_samples_per_s": run(False)}
+
+
+def reads_frozen_features(model: Any) -> bool:
+    """True when the classifier of ``model`` (a CLModel) sees only the frozen backbone's pooled
+    features, so precomputed features can stand in for the inputs with identical results:
+    every backbone tensor is frozen, no backbone module was replaced or wrapped by an adapter
+    (routed attention, LoRA, patch FFNs), no hook changes its forward (visual prompts), and the
+    method reads the backbone's own pooled features."""
+    from ..methods.base import ContinualMethod
+
+    backbone = model.backbone
+    if model.spec.modality == "lm" or any(p.requires_grad for p in backbone.parameters()):
+        return False
+    for module in backbone.modules():
+        if type(module).__module__.startswith(("hf_clroute", "peft")):
+            return False
+        if module._forward_hooks or module._forward_pre_hooks:
+            return False
+    return type(model.method).features is ContinualMethod.features

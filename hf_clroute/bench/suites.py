@@ -14,12 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .config import CLConfig
-from .engine import TrainingConfig
-from .registry import get_method
-
-CONFIG_ROOT = Path(__file__).resolve().parent / "configs"  # package data: installed with the wheel
-SCENARIOS = ("class", "domain", "task")
+from ..metrics import SCENARIOS
+from .settings import CONFIG_ROOT
 
 
 @dataclass
@@ -48,6 +44,18 @@ class SuiteConfig:
     )
     quick: dict[str, Any] = field(default_factory=dict, metadata={"help": "Overrides of the fields above for --quick."})
     description: str = field(default="", metadata={"help": "What the suite measures, for tables and model cards."})
+    method_settings: dict[str, dict[str, Any]] = field(
+        default_factory=dict,
+        metadata={"help": "Per-method {'config': ..., 'training': ...} for this suite; wins over the method files' "
+                          "per-suite blocks (precedence: hf_clroute.bench.settings)."},
+    )
+    probe_forgetting: bool = field(
+        default=True, metadata={"help": "Fit the shallow/deep forgetting probes at every task end."}
+    )
+    bases: list[str] = field(
+        default_factory=list,
+        metadata={"help": "The suites this one is based on, nearest first (set from the file's 'base' chain)."},
+    )
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
@@ -62,54 +70,18 @@ class SuiteConfig:
     @classmethod
     def load(cls, name_or_path: str) -> "SuiteConfig":
         """A built-in suite name (``hf_clroute/configs/suites/<name>.json``) or a path to a JSON file."""
-        path, data = read_suite_file(name_or_path)
+        path, data, bases = read_suite_lineage(name_or_path)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"suite file {path} has unknown field(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
+        return cls(**{**data, "bases": bases})
 
     def quick_version(self) -> "SuiteConfig":
         return dataclasses.replace(self, **{**deep_merge(dataclasses.asdict(self), self.quick), "quick": {}})
 
     def method_names(self) -> list[str]:
         return list(self.methods)
-
-    def adapter_config(self, method: str) -> CLConfig:
-        settings = method_settings(method, self.name)
-        config_class = get_method(settings["method"]).config_class
-        return config_class(**{"scenario": self.scenario, **settings["config"]})
-
-    def training_config(self, method: str, seed: int, **overrides: Any) -> TrainingConfig:
-        merged = {**self.training, **method_settings(method, self.name)["training"], **overrides}
-        return TrainingConfig(seed=seed, **merged)
-
-
-def method_settings(method: str, suite: str) -> dict[str, dict[str, Any]]:
-    """A method's registered name, adapter-config fields and training overrides for one suite.
-
-    ``hf_clroute/configs/methods/<name>.json`` holds ``config`` and ``training`` defaults and
-    per-suite overrides under ``suites``; a method without a file gets its defaults.
-    A variant (an ablation, say ``mars-no-sgse``) is a file whose ``method`` field
-    names the registered method it configures; it starts from that method's own
-    settings and changes only what it lists.
-    """
-    path = CONFIG_ROOT / "methods" / f"{method}.json"
-    data = json.loads(path.read_text()) if path.is_file() else {}
-    registered = data.get("method", method)
-    settings = method_settings(registered, suite) if registered != method else {"config": {}, "training": {}}
-    per_suite = data.get("suites", {}).get(suite, {})
-    return {
-        "method": registered,
-        "config": {**settings["config"], **data.get("config", {}), **per_suite.get("config", {})},
-        "training": {**settings["training"], **data.get("training", {}), **per_suite.get("training", {})},
-    }
-
-
-def method_description(method: str) -> str:
-    """The one-line description in ``hf_clroute/configs/methods/<method>.json`` ("" if none)."""
-    path = CONFIG_ROOT / "methods" / f"{method}.json"
-    return json.loads(path.read_text()).get("description", "") if path.is_file() else ""
 
 
 def drop_methods(methods: dict[str, Any], drop: tuple[str, ...]) -> None:
@@ -121,20 +93,19 @@ def drop_methods(methods: dict[str, Any], drop: tuple[str, ...]) -> None:
         del methods[method]
 
 
-def method_variants() -> list[tuple[str, str]]:
-    """(variant, registered method) for every settings file that configures another method."""
-    variants = []
-    for path in sorted((CONFIG_ROOT / "methods").glob("*.json")):
-        method = json.loads(path.read_text()).get("method", path.stem)
-        if method != path.stem:
-            variants.append((path.stem, method))
-    return variants
+def read_suite_file(name_or_path: str) -> tuple[Path, dict[str, Any]]:
+    """A suite file's fields (with its ``base`` chain merged in, see :func:`read_suite_lineage`)."""
+    path, data, _ = read_suite_lineage(name_or_path)
+    return path, data
 
 
-def read_suite_file(name_or_path: str, _chain: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any]]:
-    """A suite file's fields. A file with ``"base": "<suite>"`` is that suite with its own
-    fields on top (nested ``training`` and ``quick`` merged key by key), so a study such as
-    "split-mnist at 20% of the data" is a three-line file, not a copy."""
+def read_suite_lineage(name_or_path: str, _chain: tuple[str, ...] = ()) -> tuple[Path, dict[str, Any], list[str]]:
+    """A suite file's fields and the names of the suites it is based on, nearest first.
+
+    A file with ``"base": "<suite>"`` is that suite with its own fields on top (nested
+    ``training`` and ``quick`` merged key by key), so a study such as "split-mnist at 20%
+    of the data" is a three-line file, not a copy; it also gets the per-method settings
+    its base suites get (method settings follow what a suite is, not what it is called)."""
     path = Path(name_or_path)
     if not path.is_file():
         path = CONFIG_ROOT / "suites" / f"{name_or_path}.json"
@@ -146,11 +117,11 @@ def read_suite_file(name_or_path: str, _chain: tuple[str, ...] = ()) -> tuple[Pa
         raise ValueError(f"suite file {path} is not valid JSON: {err}") from err
     base = data.pop("base", None)
     if base is None:
-        return path, data
+        return path, data, []
     if base in _chain:
         raise ValueError(f"suite file {path}: 'base' chain loops back to {base!r}")
-    _, inherited = read_suite_file(base, _chain + (base,))
-    return path, deep_merge(inherited, data)
+    base_path, inherited, bases = read_suite_lineage(base, _chain + (base,))
+    return path, deep_merge(inherited, data), [inherited.get("name", base_path.stem), *bases]
 
 
 def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
@@ -216,8 +187,8 @@ def builtin_suites() -> list[str]:
 
 def build_stream(suite: SuiteConfig, seed: int) -> list:
     """The suite's experiences for one seed (class order and stream order fixed by it)."""
-    from .data.loading import load_labeled_dataset
-    from .data.streams import class_incremental, classes_with_at_least
+    from ..data.loading import load_labeled_dataset
+    from ..data.streams import class_incremental, classes_with_at_least
 
     dsets = load_labeled_dataset(suite.dataset, input_column=suite.input_column, label_column=suite.label_column)
     classes = None
@@ -244,7 +215,7 @@ def resolve_backbone_path(backbone: str) -> str:
 
         return pretrained_vit_path(backbone.split(":", 1)[1])
     if backbone == "minilm":
-        from .backbones import offline_model_path
+        from ..backbones import offline_model_path
 
         return offline_model_path("minilm")
     return backbone
@@ -252,8 +223,8 @@ def resolve_backbone_path(backbone: str) -> str:
 
 def load_suite_backbone(suite: SuiteConfig) -> tuple[Any, Callable]:
     """(backbone model, collator) for the suite; loaded fresh for each method and seed."""
-    from .backbones import get_backbone_spec, load_backbone
-    from .data.collate import ImageCollator, TextClassificationCollator
+    from ..backbones import get_backbone_spec, load_backbone
+    from ..data.collate import ImageCollator, TextClassificationCollator
 
     model, processor = load_backbone(resolve_backbone_path(suite.backbone))
     modality = get_backbone_spec(model).modality

@@ -7,6 +7,7 @@ backbone; the stream for a seed is built once and shared by all methods.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
@@ -16,14 +17,14 @@ from typing import Any
 import numpy as np
 from accelerate import Accelerator
 
-from .engine import ContinualTrainer, StreamResult, make_accelerator
-from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_features
-from .io import atomic_write_text
-from .metrics import aggregate_runs, mean_std, summarize
-from .model import get_cl_model
+from ..engine import ContinualTrainer, StreamResult, make_accelerator
+from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_features, reads_frozen_features
+from ..io import atomic_write_text
+from ..metrics import aggregate_runs, mean_std, summarize
+from ..model import get_cl_model
 from .plots import write_plots
-from .probes import forgetting_split
-from .registry import get_method
+from .probes import ForgettingProbes, forgetting_split
+from .settings import RunSettings, resolve_run
 from .suites import SuiteConfig, build_stream, drop_methods, load_suite_backbone
 
 METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
@@ -39,52 +40,62 @@ def run_method(
     accelerator: Accelerator | None = None,
     resume_from: str | None = None,
     **training_overrides: Any,
-) -> tuple[StreamResult, Any]:
-    """Train one method over the suite's stream for one seed; returns (result, model).
+) -> tuple[StreamResult, Any, RunSettings]:
+    """Train one method over the suite's stream for one seed; returns (result, model, settings).
 
     ``stream``/``collator`` override the suite's (the bench passes cached features).
     """
-    training = suite.training_config(method, seed, **training_overrides)
+    settings = resolve_run(suite, method, seed, training_overrides)
     stream = stream if stream is not None else build_stream(suite, seed)
     backbone, suite_collator = load_suite_backbone(suite)
-    config = suite.adapter_config(method)
+    config = settings.adapter_config
     # Record the suite's backbone id ("pretrained-vit:<recipe>", "minilm", a Hub id), which
     # anyone can resolve, rather than the local path it was loaded from.
     config.base_model_name_or_path = suite.backbone
-    # The run seed drives every seed of the method (head rows, prompts, memories, replay
-    # draws), so the spread over seeds covers initialisation, not only the class order.
-    for name in ("head_init_seed", "seed"):
-        if hasattr(config, name):
-            setattr(config, name, seed)
     model = get_cl_model(backbone, config)
-    trainer = ContinualTrainer(model, stream, training, collator or suite_collator, accelerator or make_accelerator(training))
-    return trainer.fit(resume_from=resume_from), model
+    training = settings.training
+    callbacks = [ForgettingProbes()] if suite.probe_forgetting and model.spec.modality != "lm" else []
+    trainer = ContinualTrainer(
+        model, stream, training, collator or suite_collator, accelerator or make_accelerator(training),
+        callbacks=callbacks, run_info={"suite": suite.name, "run_method": method},
+    )
+    return trainer.fit(resume_from=resume_from), model, settings
 
 
-def uses_cached_features(suite: SuiteConfig, method: str) -> bool:
-    config = suite.adapter_config(method)
-    return get_method(config.method).method_class.reads_frozen_features and config.freeze_backbone
+def uses_cached_features(suite: SuiteConfig, method: str, backbone: Any) -> bool:
+    """Whether ``method`` on this suite reads only the frozen backbone's pooled features, so the
+    bench may feed it cached features (checked on the attached model, see ``reads_frozen_features``)."""
+    config = resolve_run(suite, method, 0).adapter_config
+    return reads_frozen_features(get_cl_model(copy.deepcopy(backbone), config))
 
 
-def summarize_result(result: StreamResult) -> dict[str, Any]:
+def method_curves(model: Any) -> dict[str, list[list[float]]]:
+    """Series over the stream for plots: every ``*_history`` entry of the method's saved state."""
+    return {k: v for k, v in model.method.extra_state().items() if k.endswith("_history")}
+
+
+def summarize_result(result: StreamResult, scenario: str) -> dict[str, Any]:
+    """One (method, seed) row: the continual metrics (FWT is None where undefined: class-IL),
+    throughput, memory and, when probed, shallow/deep forgetting."""
     anytime = [acc for _, acc in result.anytime] or None
     row = {
-        **summarize(result.accuracy_matrix, result.untrained_accuracy, anytime),
+        **summarize(result.accuracy_matrix, result.untrained_accuracy, anytime, scenario=scenario),
         "train_samples_per_s": result.train_samples_per_s,
         "infer_samples_per_s": result.infer_samples_per_s,
         "peak_mem_mb": result.peak_mem_mb,
         "wall_s": None,
     }
-    if result.probe_final:
-        diag = [p["probe_accuracy"] for p in result.probe_diag]
-        final = [p["probe_accuracy"] for p in result.probe_final]
+    probes = result.records.get("probes", {})
+    if probes.get("final"):
+        diag = [p["probe_accuracy"] for p in probes["diag"]]
+        final = [p["probe_accuracy"] for p in probes["final"]]
         split = forgetting_split(result.accuracy_matrix, diag, final)
         row |= {
             "shallow_forgetting": split["shallow"],
             "deep_forgetting": split["deep"],
             "shallow_forgetting_per_task": split["shallow_per_task"],
             "deep_forgetting_per_task": split["deep_per_task"],
-            "snr_final": sum(p["snr"] for p in result.probe_final) / len(result.probe_final),
+            "snr_final": sum(p["snr"] for p in probes["final"]) / len(probes["final"]),
         }
     return row
 
@@ -101,25 +112,29 @@ def run_bench(
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     reference: list[dict[str, float]] = []
-    cached = {m for m in methods if uses_cached_features(suite, m)}
+    settings_by_method: dict[str, dict[str, Any]] = {}
+    probe_backbone, _ = load_suite_backbone(suite)
+    cached = {m for m in methods if uses_cached_features(suite, m, probe_backbone)}
+    del probe_backbone
     for seed in seeds:
         stream = build_stream(suite, seed)
         backbone, collator = load_suite_backbone(suite)
-        reference.append(backbone_throughput(backbone, stream[0], collator, suite.training_config("finetune", seed).batch_size))
+        reference.append(backbone_throughput(backbone, stream[0], collator, resolve_run(suite, "finetune", seed).training.batch_size))
         feature_stream, cache_s = cache_stream_features(backbone, stream, collator) if cached else (None, 0.0)
         for method in methods:
             started = time.perf_counter()
             use_cache = method in cached
-            result, model = run_method(
+            result, model, settings = run_method(
                 suite, method, seed,
                 stream=feature_stream if use_cache else stream,
                 collator=FeatureCollator() if use_cache else None,
                 progress=progress,
-                probe_forgetting=suite.training.get("probe_forgetting", True),  # off only where a suite says so
             )
-            row = summarize_result(result)
+            row = summarize_result(result, suite.scenario)
             row["wall_s"] = time.perf_counter() - started + (cache_s if use_cache else 0.0)
-            runs[method].append(seed_row(seed, result, row, model.method.curves()))
+            runs[method].append(seed_row(seed, result, row, method_curves(model)))
+            if seed == seeds[0]:
+                settings_by_method[method] = settings.to_dict()
             if seed == seeds[0]:  # one adapter per method, for `hf-clroute push`
                 model.save_pretrained(out / "adapters" / method)
             print(f"[{suite.name}] seed {seed} {method}: A_T={row['A_T']:.3f} F_T={row['F_T']:.3f} ({row['wall_s']:.0f}s)")
@@ -129,7 +144,8 @@ def run_bench(
         "commands": [command],
         "config": {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"},
         "reference": {"bare_backbone": aggregate_runs(reference), "per_seed": reference},
-        "methods": {m: {**aggregate_method(r), "features_cached": m in cached} for m, r in runs.items()},
+        "methods": {m: {**aggregate_method(r), "features_cached": m in cached, "settings": settings_by_method[m]}
+                    for m, r in runs.items()},
     }
     results = merge_previous(out / "results.json", results) if merge else results
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
@@ -155,7 +171,8 @@ def merge_results(previous: dict, results: dict) -> dict:
     methods = dict(previous["methods"])
     for name, row in results["methods"].items():
         old_rows = [r for r in methods.get(name, {}).get("per_seed", []) if r["seed"] not in results["seeds"]]
-        methods[name] = {**aggregate_method(old_rows + row["per_seed"]), "features_cached": row["features_cached"]}
+        methods[name] = {**aggregate_method(old_rows + row["per_seed"]), "features_cached": row["features_cached"],
+                         "settings": row.get("settings")}
     reference = [r for r in previous.get("reference", {}).get("per_seed", [])] + results["reference"]["per_seed"]
     return {
         **results,
@@ -214,7 +231,7 @@ def aggregate_method(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _fmt(stat: dict[str, float] | None, scale: float = 100.0, digits: int = 1) -> str:
     if not stat:
-        return "n/a"
+        return "—"  # undefined (e.g. FWT in class-IL) or not measured
     return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
 
 

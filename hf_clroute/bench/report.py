@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from .io import atomic_write_text
+from ..io import atomic_write_text
 
 HEADER = """# Benchmarks
 
