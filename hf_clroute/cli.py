@@ -106,7 +106,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     model = CLModel.from_pretrained(backbone, args.adapter)
     accelerator = make_accelerator(TrainingConfig())
     model.to(accelerator.device)
-    model.method.before_evaluation(model, StepContext(task_id=0))
+    model.before_evaluation(StepContext(task_id=0))
     scores = []
     for experience in build_stream(suite, args.seed):
         loader = test_loader(experience, collator, 256, accelerator)

@@ -26,6 +26,7 @@ from .backbones import get_backbone_spec, get_base_model, pooled_features
 from .config import CONFIG_NAME, CLConfig
 from .heads import IncrementalClassifier
 from .io import atomic_path, refuse_pickles, resolve_pretrained_dir
+from .methods.base import StepContext
 from .outputs import CLModelOutput, backbone_inputs
 from .registry import get_method
 
@@ -87,6 +88,23 @@ class CLModel(nn.Module):
         in ``out.losses``), computed here so the graph runs under DDP as one forward.
         """
         return self.method(self, batch)
+
+    # ---- the engine's hooks: the model's own bookkeeping, then the method's -------
+    def begin_task(self, experience: Any, ctx: StepContext) -> None:
+        """An experience starts (the head has grown to its classes)."""
+        self.method.begin_task(self, experience, ctx)
+
+    def after_step(self, batch: dict[str, torch.Tensor], out: CLModelOutput, ctx: StepContext) -> None:
+        """After every training step (every batch, for models with nothing to train)."""
+        self.method.after_step(self, batch, out, ctx)
+
+    def before_evaluation(self, ctx: StepContext) -> None:
+        """Before every evaluation or checkpoint: fold in statistics pending on any process."""
+        self.method.before_evaluation(self, ctx)
+
+    def end_task(self, experience: Any, ctx: StepContext) -> None:
+        """After an experience's last batch."""
+        self.method.on_task_end(self, experience, ctx)
 
     def grow_head(self, num_classes: int) -> None:
         """Grow the head to ``num_classes`` outputs (never shrinks).

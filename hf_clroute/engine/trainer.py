@@ -190,7 +190,7 @@ class ContinualTrainer:
 
     def evaluate_row(self, task_id: int, upto: int | None = None) -> list[float]:
         """Accuracy (or perplexity) on every task's test split, or on tasks <= upto."""
-        self.model.method.before_evaluation(self.model, self.context(task_id))
+        self.model.before_evaluation(self.context(task_id))
         if upto is not None:
             return [self._evaluate(j) for j in range(upto + 1)]
         if self.model.config.scenario == "class" and self.model.spec.modality != "lm":
@@ -220,7 +220,7 @@ class ContinualTrainer:
             model.grow_head(max(max(e.classes) for e in self.stream) + 1)
         elif experience.classes:
             model.grow_head(max(experience.classes) + 1)
-        model.method.begin_task(model, experience, self.context(task_id))
+        model.begin_task(experience, self.context(task_id))
 
         trainable = model.trainable_parameters()
         data = model.method.training_stream(experience, self.stream[: task_id + 1], cfg.epochs)
@@ -239,7 +239,7 @@ class ContinualTrainer:
         for batch in bar:
             started = time.perf_counter()
             out = self._step(train_model, optimizer, trainable, batch)
-            model.method.after_step(model, batch, out, self.context(task_id))
+            model.after_step(batch, out, self.context(task_id))
             self._count_train(batch, time.perf_counter() - started)
             self._step_in_task += 1
             self.result.global_step += 1
@@ -256,7 +256,7 @@ class ContinualTrainer:
             if cfg.stop_after_steps and step >= cfg.stop_after_steps:
                 return False
 
-        model.method.on_task_end(model, experience, self.context(task_id))
+        model.end_task(experience, self.context(task_id))
         self.result.accuracy_matrix.append(self.evaluate_row(task_id))
         if cfg.log_with:
             accelerator.log({f"eval/R_{task_id}_{j}": v for j, v in enumerate(self.result.accuracy_matrix[-1])}, step=self.result.global_step)
@@ -329,7 +329,7 @@ class ContinualTrainer:
     def _checkpoint(self, next_task: int, context_task: int | None = None) -> None:
         # Pending statistics (e.g. NCM sums not yet reduced) must be in the saved tensors.
         task = next_task if context_task is None else context_task
-        self.model.method.before_evaluation(self.model, self.context(task))
+        self.model.before_evaluation(self.context(task))
         state = {"next_task": next_task, "step_in_task": self._step_in_task, "run": self.run_info,
                  **{k: getattr(self.result, k) for k in RESUMABLE_FIELDS},
                  "eval_samples": self.timer.samples, "eval_seconds": self.timer.seconds}
