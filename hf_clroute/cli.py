@@ -28,25 +28,22 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench.classification import run_bench
-    from .bench.suites import SuiteConfig, suite_runner
+    from .bench.runners import runner_module, suite_kind
 
     out = Path(args.out)
-    runner = suite_runner(args.suite)
     command = (
         f"hf-clroute bench --suite {args.suite}{' --methods ' + ','.join(args.methods) if args.methods else ''} "
         f"--seeds {','.join(map(str, args.seeds))}{' --quick' if args.quick else ''} --out {args.out}"
         f"{' --merge' if args.merge else ''}"
     )
-    if runner is not None:  # suites with their own runner (language-model domains, plasticity)
-        runner(args.suite, methods=args.methods, seeds=args.seeds, quick=args.quick, out=out)
+    kind = suite_kind(args.suite)
+    runner = runner_module(kind)
+    if kind == "classification":
+        runner.run(args.suite, methods=args.methods, seeds=args.seeds, quick=args.quick, out=out,
+                   progress=not args.no_progress, command=command, merge=args.merge)
+    else:  # language-model domains, plasticity: their own rows, written the same way
+        runner.run(args.suite, methods=args.methods, seeds=args.seeds, quick=args.quick, out=out)
         record_command(out / "results.json", command)
-    else:
-        suite = SuiteConfig.load(args.suite)
-        if args.quick:
-            suite = suite.quick_version()
-        methods = args.methods or suite.method_names()
-        run_bench(suite, methods, args.seeds, out, progress=not args.no_progress, command=command, merge=args.merge)
     print((out / "results.md").read_text())
     return 0
 
@@ -63,17 +60,13 @@ def record_command(results_file: Path, *commands: str) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    import json
-
-    from .bench.classification import merge_run_dirs
-    from .bench.suites import import_runner, merge_seed_runs
+    from .bench.runners import results_kind, runner_module
 
     run_dirs, drop = [Path(d) for d in args.run_dirs], tuple(args.drop or ())
-    runner = json.loads((run_dirs[0] / "results.json").read_text())["config"].get("runner")
-    if runner:  # a suite with its own runner re-aggregates the joined rows with its own write_results
-        merged = merge_seed_runs(run_dirs, Path(args.out), import_runner(runner, "write_results"), drop)
-    else:
-        merged = merge_run_dirs(run_dirs, Path(args.out), drop)
+    kinds = {results_kind(d) for d in run_dirs}
+    if len(kinds) > 1:
+        raise ValueError(f"cannot merge runs of different runners: {sorted(kinds)}")
+    merged = runner_module(kinds.pop()).merge(run_dirs, Path(args.out), drop)
     command = f"hf-clroute merge {' '.join(args.run_dirs)} --out {args.out}" + (f" --drop {','.join(args.drop)}" if args.drop else "")
     record_command(Path(args.out) / "results.json", *merged.get("commands", []), command)
     print((Path(args.out) / "results.md").read_text())

@@ -239,7 +239,7 @@ def test_charlm_runner_end_to_end_on_a_tiny_suite(tmp_path):
     with pytest.raises(ValueError, match="variant"):
         expand_variants(["lora-all"])
     suite = {
-        "name": "charlm-domains", "runner": "hf_clroute.bench.lm:run", "domains": ["shakespeare", "kjv", "python_code"],
+        "name": "charlm-domains", "runner": "charlm", "domains": ["shakespeare", "kjv", "python_code"],
         "model": {"n_layer": 1, "n_embd": 16, "n_head": 2}, "block_size": 32, "train_chars": 1500, "test_chars": 300,
         "training": {"batch_size": 8, "learning_rate": 0.003}, "methods": ["dense-ffn", "apn-ffn"],
     }

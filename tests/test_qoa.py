@@ -196,7 +196,7 @@ def test_plasticity_seeds_run_apart_merge_into_the_joint_table(tmp_path, capsys)
     from hf_clroute.cli import main
 
     suite = {
-        "name": "drifting-regression", "kind": "drifting-regression", "runner": "hf_clroute.bench.plasticity:run",
+        "name": "drifting-regression", "kind": "drifting-regression", "runner": "plasticity",
         "n_tasks": 4, "train_per_task": 20, "test_per_task": 10, "old_eval_every": 2, "hessian_every": 2,
         "hessian_examples": 8, "window": 2, "mlp": {"hidden": 8, "layers": 1},
         "qoa": {"buffer_size": 30, "support_size": 8, "eval_support_size": 12, "hidden_size": 8, "num_layers": 1},

@@ -406,3 +406,18 @@ def test_suite_configs_build_rwf():
         loaded = SuiteConfig.load(suite)
         settings = resolve_run(loaded, "rwf", seed=0)
         assert isinstance(settings.adapter_config, RwfConfig) and settings.training.learning_rate > 0
+
+
+def test_current_task_loss_reaches_the_char_lm():
+    """The LM path goes through the method loss: with current_task_loss the softmax covers only
+    the tokens the batch predicts, so an unused token's output row gets no gradient."""
+    ids = torch.randint(4, 20, (2, 12), generator=torch.Generator().manual_seed(5))  # tokens 20..39 unused
+    grads = {}
+    for flag in (True, False):
+        model = get_cl_model(tiny_lm(), FinetuneConfig(freeze_backbone=False, current_task_loss=flag))
+        model.train()
+        out = model(input_ids=ids, labels=ids)
+        assert set(out.losses) == {"ce"}
+        out.loss.backward()
+        grads[flag] = model.backbone.lm_head.weight.grad[30].abs().sum().item()
+    assert grads[True] == 0.0 and grads[False] > 0.0

@@ -19,11 +19,11 @@ from accelerate import Accelerator
 
 from ..engine import ContinualTrainer, StreamResult, make_accelerator
 from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_features, reads_frozen_features
-from ..io import atomic_write_text
 from ..metrics import aggregate_runs, mean_std, summarize
 from ..model import get_cl_model
 from .plots import write_plots
 from .probes import ForgettingProbes, forgetting_split
+from .results import write_run
 from .settings import RunSettings, resolve_run
 from .suites import SuiteConfig, build_stream, drop_methods, load_suite_backbone
 
@@ -135,10 +135,13 @@ def run_bench(
             runs[method].append(seed_row(seed, result, row, method_curves(model)))
             if seed == seeds[0]:
                 settings_by_method[method] = settings.to_dict()
+                layers = sorted(set(settings.sources.values()) - {"run seed"})
+                print(f"[{suite.name}] {method}: settings from {', '.join(layers)} (all values: results.json)")
             if seed == seeds[0]:  # one adapter per method, for `hf-clroute push`
                 model.save_pretrained(out / "adapters" / method)
             print(f"[{suite.name}] seed {seed} {method}: A_T={row['A_T']:.3f} F_T={row['F_T']:.3f} ({row['wall_s']:.0f}s)")
     results = {
+        "kind": "classification",
         "suite": suite.name,
         "seeds": seeds,
         "commands": [command],
@@ -148,8 +151,7 @@ def run_bench(
                     for m, r in runs.items()},
     }
     results = merge_previous(out / "results.json", results) if merge else results
-    atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
-    atomic_write_text(out / "results.md", results_markdown(results))
+    write_run(out, results, results_markdown(results))
     write_plots(results, out / "plots")
     return results
 
@@ -183,6 +185,21 @@ def merge_results(previous: dict, results: dict) -> dict:
     }
 
 
+def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick: bool, out: str | Path,
+        progress: bool = True, command: str | None = None, merge: bool = False) -> dict:
+    """The runner entry point (``hf-clroute bench``): a classification suite by name or path."""
+    suite = SuiteConfig.load(name_or_path, quick=quick)
+    methods = list(methods or suite.method_names())
+    for method in methods:  # every name resolves (and every settings file parses) before --out is created
+        resolve_run(suite, method, seeds[0])
+    return run_bench(suite, methods, seeds, Path(out), progress=progress, command=command, merge=merge)
+
+
+def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
+    """Join bench runs of one suite (e.g. one per seed) into one results.json (+ plots)."""
+    return merge_run_dirs(run_dirs, out, drop)
+
+
 def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
     """One results.json/md (+ plots) from several bench runs of the same suite (e.g. one per seed),
     without the methods in ``drop`` (a retired variant, say)."""
@@ -195,8 +212,7 @@ def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) 
     for method in drop:  # its per-method plots would otherwise outlive it
         for stale in (out / "plots").glob(f"*_{method}.png"):
             stale.unlink()
-    atomic_write_text(out / "results.json", json.dumps(merged, indent=2, sort_keys=True) + "\n")
-    atomic_write_text(out / "results.md", results_markdown(merged))
+    write_run(out, {**merged, "kind": "classification"}, results_markdown(merged))
     write_plots(merged, out / "plots")
     return merged
 

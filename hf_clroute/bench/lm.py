@@ -47,13 +47,13 @@ from ..char_tokenizer import CharTokenizer
 from ..config import CLConfig
 from ..data import CausalLMCollator, load_source, text_domains
 from ..engine import ContinualTrainer, TrainingConfig, make_accelerator
-from ..io import atomic_write_text
 from ..baselines.finetune import FfnFinetuneConfig
 from ..methods.apn import ApnConfig, PatchFFN, patch_overlap
 from ..metrics import mean_std, perplexity_retention, retention
 from ..model import get_cl_model
 from .settings import merged_method_settings
-from .suites import read_suite_file
+from .results import write_run
+from .suites import load_suite, merge_seed_runs
 
 ARCHITECTURES = ("dense", "apn")
 ADAPTATIONS = ("all", "ffn")
@@ -64,7 +64,7 @@ class CharLMSuite:
     """The suite file's fields (``hf_clroute/configs/suites/charlm-domains.json``)."""
 
     name: str = field(metadata={"help": "Suite name; also the key of per-suite settings in hf_clroute/configs/methods/apn.json."})
-    runner: str = field(metadata={"help": "This runner ('hf_clroute.bench.lm:run')."})
+    runner: str = field(metadata={"help": "This runner: 'charlm'."})
     domains: list[str] = field(metadata={"help": "Text sources (see `hf-clroute data list`) in training order: A, B, C."})
     model: dict[str, Any] = field(metadata={"help": "char_lm_config overrides: n_layer, n_embd, n_head, dropouts."})
     block_size: int = field(default=128, metadata={"help": "Characters per training/evaluation window (context length)."})
@@ -77,13 +77,7 @@ class CharLMSuite:
 
     @classmethod
     def load(cls, name_or_path: str, quick: bool = False) -> "CharLMSuite":
-        path, data = read_suite_file(name_or_path)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known) + sorted(set(data.get("quick", {})) - known)
-        if unknown:
-            raise ValueError(f"suite file {path} has unknown field(s) {unknown}; known: {sorted(known)}")
-        suite = cls(**data)
-        return dataclasses.replace(suite, **suite.quick, quick={}) if quick else suite
+        return load_suite(cls, name_or_path, quick)
 
 
 def parse_variant(name: str) -> tuple[str, str]:
@@ -206,7 +200,6 @@ def aggregate_variant(runs: list[dict]) -> dict[str, Any]:
         "peak_mem_mb": max(r["peak_mem_mb"] for r in runs),
         "per_seed": [{k: v for k, v in r.items() if k != "patch_usage"} for r in runs],
     }
-    out["accuracy_matrix"] = out["ppl_matrix"]  # the key every suite's results keep (perplexities here)
     if "patch_overlap" in runs[0]:
         out["patch_overlap"] = {
             key: np.mean([r["patch_overlap"][key] for r in runs], axis=0).round(4).tolist()
@@ -239,16 +232,13 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
 def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
     """Aggregate per-seed rows into ``out/results.json`` and ``out/results.md``."""
     methods = {v: aggregate_variant(r) for v, r in runs.items()}
-    results = {**header, "methods": methods}
+    results = {**header, "kind": "charlm", "methods": methods}
     results["throughput_ratio"] = {
         adapt: methods[f"apn-{adapt}"]["train_samples_per_s"]["mean"] / methods[f"dense-{adapt}"]["train_samples_per_s"]["mean"]
         for adapt in ADAPTATIONS
         if f"apn-{adapt}" in methods and f"dense-{adapt}" in methods
     }
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
-    atomic_write_text(out / "results.md", results_markdown(results))
-    return results
+    return write_run(out, results, results_markdown(results))
 
 
 # ------------------------------------------------------------------ report
@@ -299,3 +289,8 @@ def results_markdown(results: dict) -> str:
             lines += [f"| {domains[s]} vs {domains[t]} | {w[s][t]:.3f} | {j[s][t]:.3f} |"
                       for s in range(len(domains)) for t in range(s + 1, len(domains))]
     return "\n".join(lines) + "\n"
+
+
+def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
+    """Join runs of one charlm suite (e.g. one per seed) and re-aggregate them."""
+    return merge_seed_runs(run_dirs, out, write_results, drop)

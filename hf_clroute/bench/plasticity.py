@@ -30,10 +30,9 @@ by 1/sqrt(width)). The function never changes; the input distribution drifts slo
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +43,10 @@ from torch import nn
 from torch.func import functional_call, hessian
 
 from .flops import count_flops
-from ..io import atomic_write_text
 from ..methods.qoa import QoaConfig, QoaLearner, QueryOnlyAttention
 from ..metrics import mean_std
-from .suites import read_suite_file
+from .results import write_run
+from .suites import load_suite, merge_seed_runs
 
 ALL_METHODS = ("qoa", "full_attention", "backprop", "cbp")
 
@@ -58,7 +57,7 @@ class PlasticitySuite:
 
     name: str
     kind: str  # "permuted-mnist" or "drifting-regression"
-    runner: str = ""
+    runner: str = "plasticity"
     description: str = ""
     n_tasks: int = 200
     train_per_task: int = 300
@@ -409,15 +408,13 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the runner
 
 
-def load_suite(name_or_path: str, quick: bool) -> PlasticitySuite:
-    _, data = read_suite_file(name_or_path)
-    suite = PlasticitySuite(**data)
-    return replace(suite, **suite.quick, quick={}) if quick else suite
+def load_plasticity_suite(name_or_path: str, quick: bool) -> PlasticitySuite:
+    return load_suite(PlasticitySuite, name_or_path, quick)
 
 
 def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick: bool, out: str | Path) -> dict:
     """Entry point of ``hf-clroute bench`` for the plasticity suites (see the module docstring)."""
-    suite = load_suite(name_or_path, quick)
+    suite = load_plasticity_suite(name_or_path, quick)
     methods = list(methods or suite.methods)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -441,15 +438,14 @@ def write_results(header: dict, runs: dict[str, list[dict[str, Any]]], out: Path
     input_dim = suite.n_bits if suite.regression else suite.image_size**2
     results = {
         **header,
+        "kind": "plasticity",
         "metric": "mse" if suite.regression else "accuracy",
         "methods": {m: aggregate(r) for m, r in runs.items()},
         "cost_vs_support": cost_versus_support(input_dim, 1 if suite.regression else 10, suite),
     }
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "results.json", json.dumps(results, indent=1, sort_keys=True) + "\n")
     plot(results, out / "plasticity.png")
-    atomic_write_text(out / "results.md", results_markdown(results))
-    return results
+    return write_run(out, results, results_markdown(results))
 
 
 def _fmt(stat: dict[str, float] | None, scale: float, digits: int) -> str:
@@ -505,3 +501,8 @@ def plot(results: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
+    """Join runs of one plasticity suite (e.g. one per seed) and re-aggregate them."""
+    return merge_seed_runs(run_dirs, out, write_results, drop)

@@ -27,6 +27,7 @@ class SuiteConfig:
     backbone: str = field(
         metadata={"help": "'pretrained-vit:<recipe>', 'minilm', a local checkpoint dir or a Hub model id."}
     )
+    runner: str = field(default="classification", metadata={"help": "Which runner: classification (this one), charlm, plasticity."})
     input_column: str | None = field(default=None, metadata={"help": "Image/text column (None: infer)."})
     label_column: str = field(default="label", metadata={"help": "Label column."})
     scenario: str = field(default="class", metadata={"help": "'class', 'domain' or 'task' incremental."})
@@ -66,16 +67,13 @@ class SuiteConfig:
         bad = sorted(set(self.quick) - known)
         if bad:
             raise ValueError(f"SuiteConfig.quick has unknown field(s) {bad}")
+        if self.runner != "classification":
+            raise ValueError(f"suite {self.name!r} has runner {self.runner!r}; SuiteConfig is for classification suites")
 
     @classmethod
-    def load(cls, name_or_path: str) -> "SuiteConfig":
-        """A built-in suite name (``hf_clroute/configs/suites/<name>.json``) or a path to a JSON file."""
-        path, data, bases = read_suite_lineage(name_or_path)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"suite file {path} has unknown field(s) {unknown}; known: {sorted(known)}")
-        return cls(**{**data, "bases": bases})
+    def load(cls, name_or_path: str, quick: bool = False) -> "SuiteConfig":
+        """A built-in suite name (``hf_clroute/bench/configs/suites/<name>.json``) or a path to a JSON file."""
+        return load_suite(cls, name_or_path, quick)
 
     def quick_version(self) -> "SuiteConfig":
         return dataclasses.replace(self, **{**deep_merge(dataclasses.asdict(self), self.quick), "quick": {}})
@@ -91,6 +89,21 @@ def drop_methods(methods: dict[str, Any], drop: tuple[str, ...]) -> None:
         raise ValueError(f"cannot drop {unknown}: not in these results (methods: {sorted(methods)})")
     for method in drop:
         del methods[method]
+
+
+def load_suite(cls: type, name_or_path: str, quick: bool = False) -> Any:
+    """Any runner's suite dataclass ``cls`` from a suite file; with ``quick``, the file's ``quick``
+    block merged in key by key first (the one place ``--quick`` is applied)."""
+    path, data, bases = read_suite_lineage(name_or_path)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known) + sorted(f"quick.{k}" for k in set(data.get("quick", {})) - known)
+    if unknown:
+        raise ValueError(f"suite file {path} has unknown field(s) {unknown}; known: {sorted(known)}")
+    if quick:
+        data = {**deep_merge(data, data.get("quick", {})), "quick": {}}
+    if "bases" in known:
+        data["bases"] = bases
+    return cls(**data)
 
 
 def read_suite_file(name_or_path: str) -> tuple[Path, dict[str, Any]]:
@@ -130,26 +143,6 @@ def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     for key, value in changes.items():
         merged[key] = deep_merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
     return merged
-
-
-def suite_runner(name_or_path: str) -> Callable | None:
-    """The ``runner`` a suite file names ("package.module:function"), or None for classification.
-
-    Such a runner is called as ``runner(name_or_path, methods=..., seeds=..., quick=..., out=...)``
-    and must write ``out/results.json`` and ``out/results.md``. Its module also defines
-    ``write_results(header, rows_by_method, out)``, with which ``hf-clroute merge`` re-aggregates
-    joined runs (:func:`merge_seed_runs`).
-    """
-    spec = read_suite_file(name_or_path)[1].get("runner")
-    return import_runner(spec) if spec else None
-
-
-def import_runner(spec: str, attribute: str | None = None) -> Callable:
-    """The function a "package.module:function" runner spec names (or another ``attribute`` of its module)."""
-    import importlib
-
-    module, _, function = spec.partition(":")
-    return getattr(importlib.import_module(module), attribute or function)
 
 
 def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[dict, dict, Path], dict],

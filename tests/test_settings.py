@@ -1,0 +1,91 @@
+"""One resolver for run settings: its written precedence, seeds, and settings that follow what a suite is."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from hf_clroute import get_cl_model
+from hf_clroute.backbones import tiny_vit_config
+from hf_clroute.bench.settings import resolve_run
+from hf_clroute.bench.suites import SuiteConfig, read_suite_file
+from hf_clroute.methods.mars import MarsConfig
+from hf_clroute.methods.rwf import RwfConfig
+
+
+def write_suite(tmp_path, name, **fields):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"name": name, **fields}))
+    return str(path)
+
+
+def test_precedence_defaults_suite_method_file_per_suite_overrides_seed(tmp_path):
+    # qoa.json: config {...}, suites.split-mnist.config.max_classes = 10
+    suite = SuiteConfig.load(write_suite(
+        tmp_path, "mine", base="split-mnist", training={"learning_rate": 0.5, "weight_decay": 0.25},
+        method_settings={"qoa": {"config": {"buffer_size": 77}}},
+    ))
+    settings = resolve_run(suite, "qoa", seed=4, overrides={"weight_decay": 0.125})
+    training, config = settings.training, settings.adapter_config
+    assert training.eval_batch_size == 256 and settings.sources["training.eval_batch_size"] == "suite training"
+    assert training.weight_decay == 0.125 and settings.sources["training.weight_decay"] == "overrides"
+    assert config.max_classes == 10 and settings.sources["config.max_classes"] == "configs/methods/qoa.json suites.split-mnist"
+    assert config.buffer_size == 77 and settings.sources["config.buffer_size"] == "suite mine method_settings.qoa"
+    assert training.seed == config.seed == config.head_init_seed == 4
+    assert settings.sources["config.seed"] == "run seed"
+    # A method file's training block wins over the suite's (er.json sets its own rate).
+    er = resolve_run(suite, "er", 0)
+    assert er.training.learning_rate == 1e-4 and er.sources["training.learning_rate"] == "configs/methods/er.json"
+
+
+def test_a_renamed_copy_of_a_builtin_suite_gets_its_method_settings(tmp_path):
+    original = SuiteConfig.load("split-mnist")
+    based = SuiteConfig.load(write_suite(tmp_path, "my-images", base="split-mnist"))
+    for method in ("apn", "qoa", "rwf", "lora-ctl"):
+        a, b = resolve_run(original, method, 0), resolve_run(based, method, 0)
+        assert a.adapter_config.to_dict() == b.adapter_config.to_dict(), method
+        assert a.training == b.training, method
+    # A full copy that names no base and no settings gets the documented defaults, and says so.
+    _, fields = read_suite_file("split-mnist")
+    copy = SuiteConfig.load(write_suite(tmp_path, "copied", **{k: v for k, v in fields.items() if k != "name"}))
+    apn = resolve_run(copy, "apn", 0)
+    assert apn.adapter_config.num_patches != resolve_run(original, "apn", 0).adapter_config.num_patches
+    assert "suites." not in apn.sources.get("config.num_patches", "")  # no per-suite block reached it
+
+
+def test_bad_settings_name_the_field_and_where_it_came_from(tmp_path):
+    suite = SuiteConfig.load(write_suite(tmp_path, "bad", base="split-mnist",
+                                         method_settings={"rwf": {"config": {"num_promts": 3}}}))
+    try:
+        resolve_run(suite, "rwf", 0)
+    except ValueError as err:
+        assert "num_promts" in str(err) and "method_settings.rwf" in str(err)
+    else:
+        raise AssertionError("a misspelt field must be refused")
+
+
+def test_run_seed_drives_router_and_memory_initialisation():
+    suite = SuiteConfig.load("split-mnist")
+
+    def weights(method, seed, pick):
+        config = resolve_run(suite, method, seed).adapter_config
+        torch.manual_seed(0)  # the same global RNG: only the run seed may differ
+        from transformers import ViTModel
+
+        model = get_cl_model(ViTModel(tiny_vit_config()), config)
+        return pick(model).detach().clone()
+
+    def router(model):
+        return next(iter(model.method.routers.values())).queries
+
+    def memory(model):
+        return model.method.memory.keys
+
+    assert isinstance(resolve_run(suite, "rwf", 1).adapter_config, RwfConfig)
+    assert resolve_run(suite, "rwf", 1).adapter_config.init_seed == 1
+    assert isinstance(resolve_run(suite, "mars", 2).adapter_config, MarsConfig)
+    assert resolve_run(suite, "mars", 2).adapter_config.memory_init_seed == 2
+    assert torch.equal(weights("rwf", 0, router), weights("rwf", 0, router))
+    assert not torch.equal(weights("rwf", 0, router), weights("rwf", 1, router))
+    assert not torch.equal(weights("mars", 0, memory), weights("mars", 1, memory))
