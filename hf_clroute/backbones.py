@@ -32,8 +32,10 @@ always gets the float causal mask).
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -276,6 +278,29 @@ def pooled_features(
     return _POOLERS[spec.pooling](base_model_outputs.last_hidden_state, attention_mask)
 
 
+#: parameter prefixes of task heads a base model leaves out when loaded from a task checkpoint
+_TASK_HEAD_PREFIXES = ("classifier.", "pre_classifier.", "cls.", "lm_head.", "score.", "qa_outputs.")
+_logger = logging.getLogger(__name__)
+
+
+class _DropLoadReport(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+
+@contextmanager
+def _without_load_report() -> Iterator[None]:
+    """Drop transformers' state-dict "LOAD REPORT" warning (logged by ``transformers.modeling_utils``)
+    while the block runs; every other message of that logger still goes through."""
+    report_logger = logging.getLogger("transformers.modeling_utils")
+    drop = _DropLoadReport()
+    report_logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        report_logger.removeFilter(drop)
+
+
 def load_backbone(
     name_or_path: str | os.PathLike,
     *,
@@ -298,7 +323,17 @@ def load_backbone(
             f"not {modality!r}"
         )
     model_cls = getattr(transformers, spec.auto_model_class)
-    model = model_cls.from_pretrained(name_or_path, **from_pretrained_kwargs)
+    # Loading a task checkpoint (a ViTForImageClassification, a BERT with an MLM head) as its base
+    # model is what we mean to do: its head is left out (UNEXPECTED) and a pooler it never had is
+    # initialised (MISSING), and transformers prints a LOAD REPORT table saying so on every load.
+    # Only that report is dropped; any other key it would list is still warned about below.
+    with _without_load_report():
+        model, info = model_cls.from_pretrained(name_or_path, output_loading_info=True, **from_pretrained_kwargs)
+    unexpected = sorted(k for k in info.get("unexpected_keys", ()) if not k.startswith(_TASK_HEAD_PREFIXES))
+    missing = sorted(k for k in info.get("missing_keys", ()) if ".pooler." not in f".{k}")
+    if unexpected or missing:
+        _logger.warning("%s loaded from %s with unexpected keys %s and missing (newly initialised) keys %s",
+                        type(model).__name__, name_or_path, unexpected[:10], missing[:10])
     try:
         processor = getattr(transformers, spec.processor_class).from_pretrained(name_or_path)
     except OSError as err:

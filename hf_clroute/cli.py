@@ -34,17 +34,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
     command = (
         f"hf-clroute bench --suite {args.suite}{' --methods ' + ','.join(args.methods) if args.methods else ''} "
         f"--seeds {','.join(map(str, args.seeds))}{' --quick' if args.quick else ''} --out {args.out}"
-        f"{' --merge' if args.merge else ''}"
+        f"{' --merge' if args.merge else ''}{' --selection ' + args.selection if args.selection else ''}"
+        f"{' --from-adapter ' + args.from_adapter if args.from_adapter else ''}"
     )
     kind = suite_kind(args.suite)
     runner = runner_module(kind)
     if kind == "classification":
         runner.run(args.suite, methods=args.methods, seeds=args.seeds, quick=args.quick, out=out,
-                   progress=not args.no_progress, command=command, merge=args.merge)
+                   progress=not args.no_progress, command=command, merge=args.merge, selection=args.selection,
+                   from_adapter=args.from_adapter)
+    elif args.from_adapter:
+        raise ValueError(f"--from-adapter continues a classification adapter; suite {args.suite!r} has runner {kind!r}")
     else:  # language-model domains, plasticity: their own rows, written the same way
         runner.run(args.suite, methods=args.methods, seeds=args.seeds, quick=args.quick, out=out)
         record_command(out / "results.json", command)
     print((out / "results.md").read_text())
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .bench.suites import SuiteConfig
+    from .bench.tune import tune
+
+    suite = SuiteConfig.load(args.suite, quick=args.quick)
+    methods = args.methods or suite.method_names()
+    command = (f"hf-clroute tune --suite {args.suite} --methods {','.join(methods)} --seed {args.seed}"
+               f"{' --quick' if args.quick else ''} --out {args.out}")
+    selection = tune(suite, methods, Path(args.out), seed=args.seed, command=command, progress=not args.no_progress)
+    for method, record in selection["methods"].items():
+        best = max(record["validation_A_T"])
+        print(f"{method:22s} pick {record['pick']}  validation A_T {best * 100:.1f}  ({len(record['grid'])} configs)")
+    print(f"wrote {Path(args.out) / 'selection.json'}")
     return 0
 
 
@@ -93,20 +113,35 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from .methods.base import StepContext
     from .model import CLModel
 
-    suite = SuiteConfig.load(args.suite)
-    suite = suite.quick_version() if args.quick else suite
+    from .labels import align_stream, labels_in_order
+
+    suite = SuiteConfig.load(args.suite, quick=args.quick)
     backbone, collator = load_suite_backbone(suite)
     model = CLModel.from_pretrained(backbone, args.adapter)
+    stream = build_stream(suite, args.seed)
+    if model.config.id2label:
+        # The suite's stream for this seed numbers classes in its own order; score them under the
+        # adapter's ids, matched by label name (a class the adapter never learned is refused).
+        aligned = align_stream(stream, model.config, allow_new=False, what=f"suite {suite.name!r} seed {args.seed}")
+        if [e.classes for e in aligned] != [e.classes for e in stream]:
+            print(f"classes matched to the adapter's labels by name (the adapter's order: {labels_in_order(model.config)})")
+        stream = aligned
+    else:
+        print("note: this adapter records no class labels; the stream's class ids are used as they are, which is "
+              "right only for the suite and seed it was trained on", file=sys.stderr)
     accelerator = make_accelerator(TrainingConfig())
     model.to(accelerator.device)
     model.before_evaluation(StepContext(task_id=0))
-    scores = []
-    for experience in build_stream(suite, args.seed):
+    scores, sizes = [], []
+    for experience in stream:
         loader = test_loader(experience, collator, 256, accelerator)
         classes = experience.classes if model.config.scenario == "task" else None
         scores.append(evaluate_experience(model, loader, accelerator, task_classes=classes))
+        sizes.append(len(experience.test))
         print(f"{experience.name}: accuracy {scores[-1] * 100:.2f}%")
     print(f"average over {len(scores)} tasks (A_T): {100 * sum(scores) / len(scores):.2f}%")
+    overall = sum(s * n for s, n in zip(scores, sizes, strict=True)) / sum(sizes)
+    print(f"all {sum(sizes)} test examples: accuracy {100 * overall:.2f}%")
     return 0
 
 
@@ -134,11 +169,14 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="hf-clroute", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"hf-clroute {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="build or list the offline data sources")
-    data.add_argument("action", choices=["prepare", "list"])
+    data.add_argument("action", choices=["prepare", "list"], help="prepare: build sources into the cache; list: name them")
     data.add_argument("names", nargs="*", help="sources to build (default: all)")
     data.add_argument("--force", action="store_true", help="rebuild even if cached")
     data.set_defaults(func=cmd_data)
@@ -146,41 +184,60 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="run methods side by side over one suite")
     bench.add_argument("--suite", required=True, help="built-in suite name or a suite JSON file")
     bench.add_argument("--methods", type=_csv(str), default=None, help="comma-separated (default: the suite's)")
-    bench.add_argument("--seeds", type=_csv(int), default=[0, 1, 2])
+    bench.add_argument("--seeds", type=_csv(int), default=[0, 1, 2],
+                       help="comma-separated stream seeds (each fixes a class order); default 0,1,2")
     bench.add_argument("--quick", action="store_true", help="the suite's reduced version (CI, demo)")
     bench.add_argument("--out", required=True, help="directory for results.json and results.md")
-    bench.add_argument("--no-progress", action="store_true")
+    bench.add_argument("--no-progress", action="store_true", help="no progress bars")
     bench.add_argument("--merge", action="store_true", help="add these methods to an existing run in --out (same suite and seeds)")
+    bench.add_argument("--selection", default=None,
+                       help="selection.json from `hf-clroute tune` on this suite: train with the hyper-parameters "
+                            "chosen on validation (recorded in results.json)")
+    bench.add_argument("--from-adapter", default=None, metavar="DIR_OR_REPO_ID",
+                       help="continue training this adapter (a directory or Hub repo id) on the suite's stream instead "
+                            "of a fresh one: classes it knows keep their ids, new ones are added after them (the head "
+                            "grows), its card lists both; --methods defaults to the adapter's method")
     bench.set_defaults(func=cmd_bench)
 
+    tune = sub.add_parser("tune", help="choose each method's hyper-parameters on the suite's validation split")
+    tune.add_argument("--suite", required=True, help="built-in suite name or a suite JSON file (with validation_per_class)")
+    tune.add_argument("--methods", type=_csv(str), default=None, help="comma-separated (default: the suite's)")
+    tune.add_argument("--seed", type=int, default=0, help="the one seed every configuration runs with")
+    tune.add_argument("--quick", action="store_true", help="the suite's reduced version")
+    tune.add_argument("--out", required=True, help="directory for selection.json (added to if it exists)")
+    tune.add_argument("--no-progress", action="store_true", help="no progress bars")
+    tune.set_defaults(func=cmd_tune)
+
     merge = sub.add_parser("merge", help="combine bench runs of one suite (e.g. seeds run in parallel) into one")
-    merge.add_argument("run_dirs", nargs="+")
-    merge.add_argument("--out", required=True)
+    merge.add_argument("run_dirs", nargs="+", help="`hf-clroute bench --out` directories of one suite")
+    merge.add_argument("--out", required=True, help="directory for the merged results.json, results.md and plots")
     merge.add_argument("--drop", type=_csv(str), default=None, help="methods to leave out (e.g. a retired variant)")
     merge.set_defaults(func=cmd_merge)
 
     demo = sub.add_parser("demo", help="quick Split-MNIST: naive fine-tuning vs nearest-class-mean")
-    demo.add_argument("--out", default="runs/demo")
-    demo.add_argument("--no-progress", action="store_true")
+    demo.add_argument("--out", default="runs/demo", help="directory for results.json and results.md (default runs/demo)")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.set_defaults(func=cmd_demo)
 
     push = sub.add_parser("push", help="push a bench run's adapter with its model card and plots")
     push.add_argument("run_dir", help="an `hf-clroute bench --out` directory")
-    push.add_argument("--repo-id", required=True)
+    push.add_argument("--repo-id", required=True, help="Hub repo to create or update, e.g. me/rwf-split-mnist")
     push.add_argument("--method", default=None, help="which adapter of the run (needed if it holds several)")
-    push.add_argument("--private", action="store_true")
+    push.add_argument("--private", action="store_true", help="create the repo private")
     push.set_defaults(func=cmd_push)
 
     evaluate = sub.add_parser("evaluate", help="score a saved or pushed adapter on every task of a suite")
     evaluate.add_argument("--adapter", required=True, help="adapter directory or Hub repo id")
-    evaluate.add_argument("--suite", required=True)
-    evaluate.add_argument("--seed", type=int, default=0, help="stream seed (class order) the adapter was trained with")
-    evaluate.add_argument("--quick", action="store_true")
+    evaluate.add_argument("--suite", required=True, help="built-in suite name or a suite JSON file to score on")
+    evaluate.add_argument("--seed", type=int, default=0,
+                          help="stream seed (class order, test subsample); classes are matched to the adapter's "
+                               "labels by name, so any seed scores the same classes correctly")
+    evaluate.add_argument("--quick", action="store_true", help="the suite's reduced version")
     evaluate.set_defaults(func=cmd_evaluate)
 
     report = sub.add_parser("report", help="regenerate BENCHMARKS.md from committed results")
-    report.add_argument("--results", default="results")
-    report.add_argument("--out", default="BENCHMARKS.md")
+    report.add_argument("--results", default="results", help="directory of <suite>/results.json runs (default results)")
+    report.add_argument("--out", default="BENCHMARKS.md", help="the page to write (default BENCHMARKS.md)")
     report.set_defaults(func=cmd_report)
 
     methods = sub.add_parser("methods", help="list registered methods and baselines")

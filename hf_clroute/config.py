@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,29 @@ from .io import atomic_write_text, resolve_pretrained_dir
 from .metrics.continual import SCENARIOS
 
 CONFIG_NAME = "adapter_config.json"
+
+
+class LabelMap(dict):
+    """``id2label`` as JSON stores it (string keys) that also answers an integer id:
+    ``config.id2label[3] == config.id2label["3"]`` (an int, numpy or 0-d tensor id)."""
+
+    @staticmethod
+    def _as_key(key: Any) -> Any:
+        if not isinstance(key, str) and hasattr(key, "__index__"):
+            return str(operator.index(key))
+        return key
+
+    def __missing__(self, key: Any) -> str:
+        alias = self._as_key(key)
+        if alias is not key and dict.__contains__(self, alias):
+            return dict.__getitem__(self, alias)
+        raise KeyError(key)
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or dict.__contains__(self, self._as_key(key))
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else default
 
 
 @dataclass
@@ -53,10 +77,112 @@ class CLConfig:
             "prediction always uses every seen class."
         },
     )
+    head: str = field(
+        default="linear",
+        metadata={
+            "help": "The classifier on the features: 'linear' (the incremental linear head, trained by the method's "
+            "loss) or a closed-form statistics head fitted from class statistics of the features the classifier "
+            "reads, with no gradient: 'prototype' (class means, NCM), 'lda' (streaming LDA: class means and a "
+            "shared shrunk covariance) or 'ranpac' (random projection + ridge regression). Ignored by methods "
+            "with their own classifier (they accept only 'linear')."
+        },
+    )
+    head_options: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={
+            "help": "Keyword options of the head, e.g. {'metric': 'cosine'} (prototype), {'shrinkage': 1e-4} (lda), "
+            "{'projection_dim': 2048, 'ridge_lambda': 1.0, 'nonlinearity': 'relu'} (ranpac). The head's size "
+            "grows with the stream and the RanPAC projection seed follows head_init_seed, so neither is an option."
+        },
+    )
+
+    #: head constructor keywords the model sets itself, with the reason given when one is passed.
+    _MODEL_SET_HEAD_OPTIONS: ClassVar[dict[str, str]] = {
+        "num_classes": "the head grows with the stream's classes",
+        "generator": "new rows are seeded from head_init_seed",
+        "seed": "the projection seed follows head_init_seed",
+    }
+
+    id2label: dict[str, str] | None = field(
+        default=None,
+        metadata={
+            "help": "Head output id -> class name, as in transformers' configs (JSON keys are strings; "
+            "`config.id2label[3]` also answers an integer id). Filled in by `CLModel.begin_task` from the "
+            "experiences trained on: the dataset's ClassLabel names, else str(label). None: nothing recorded."
+        },
+    )
+    label2id: dict[str, int] | None = field(
+        default=None,
+        metadata={"help": "Class name -> head output id; the inverse of `id2label` (derived from it when omitted)."},
+    )
+    class_order: list[int] | None = field(
+        default=None,
+        metadata={
+            "help": "The dataset's own label id of head outputs 0..K-1, in order (the stream's class order; "
+            "-1 where not recorded). Streams of another seed are matched to it by name, see hf_clroute.labels."
+        },
+    )
+    training_history: list[dict[str, Any]] | None = field(
+        default=None,
+        metadata={
+            "help": "One entry per task trained on, in order: {'stream', 'task', 'ids', 'classes'} "
+            "(the stream's name, the task's name, its head ids and class names)."
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
             raise ValueError(f"{type(self).__name__}.scenario must be one of {SCENARIOS}, got {self.scenario!r}")
+        self._check_head()
+        self._normalise_labels()
+
+    def _normalise_labels(self) -> None:
+        """String keys for ``id2label`` (as JSON has them), ``label2id`` derived or checked against it."""
+        name = type(self).__name__
+        if self.id2label is not None:
+            try:
+                self.id2label = LabelMap((str(int(k)), str(v)) for k, v in self.id2label.items())
+            except (TypeError, ValueError, AttributeError) as err:
+                raise ValueError(f"{name}.id2label must map integer ids to names, got {self.id2label!r}") from err
+            inverse = {v: int(k) for k, v in self.id2label.items()}
+            if len(inverse) != len(self.id2label):
+                raise ValueError(f"{name}.id2label gives one name to several ids: {dict(self.id2label)}")
+            if self.label2id is None:
+                self.label2id = dict(sorted(inverse.items(), key=lambda kv: kv[1]))
+            else:
+                self.label2id = {str(k): int(v) for k, v in self.label2id.items()}
+                if self.label2id != inverse:
+                    raise ValueError(f"{name}.label2id {self.label2id} is not the inverse of id2label {dict(self.id2label)}")
+        elif self.label2id is not None:
+            raise ValueError(f"{name}.label2id is set but id2label is not; give id2label (label2id is derived)")
+        if self.class_order is not None:
+            self.class_order = [int(c) for c in self.class_order]
+
+    def head_build_options(self) -> dict[str, Any]:
+        """Keywords for ``build_head(self.head, in_features, **options)``: ``head_options`` plus the seed
+        of a head that draws random weights (RanPAC's projection), taken from ``head_init_seed``."""
+        from .heads import head_parameters
+
+        options = dict(self.head_options)
+        if "seed" in head_parameters(self.head):
+            options["seed"] = self.head_init_seed
+        return options
+
+    def _check_head(self) -> None:
+        from .heads import HEAD_KINDS, check_head_options
+
+        name = type(self).__name__
+        if not isinstance(self.head, str) or self.head not in HEAD_KINDS:
+            raise ValueError(f"{name}.head must be one of {HEAD_KINDS}, got {self.head!r}")
+        if not isinstance(self.head_options, dict) or not all(isinstance(k, str) for k in self.head_options):
+            raise ValueError(f"{name}.head_options must be a dict of option names to values, got {self.head_options!r}")
+        for key, reason in self._MODEL_SET_HEAD_OPTIONS.items():
+            if key in self.head_options:
+                raise ValueError(f"{name}.head_options cannot set {key!r}: {reason}")
+        try:
+            check_head_options(self.head, self.head_build_options())
+        except ValueError as err:
+            raise ValueError(f"{name}.head_options (head {self.head!r}): {err}") from None
 
     # ---- validation helpers shared by subclasses --------------------------------
     def _check_positive(self, *names: str) -> None:
@@ -120,4 +246,4 @@ class CLConfig:
 
         with tempfile.TemporaryDirectory(prefix="hf_clroute_config_") as tmp:
             self.save_pretrained(tmp)
-            return push_folder(tmp, repo_id, **kwargs)
+            return push_folder(tmp, repo_id, **{"what": f"this {self.method} adapter config", **kwargs})

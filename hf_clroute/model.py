@@ -1,19 +1,24 @@
 """The wrapper that attaches a continual method to an unmodified HF backbone.
 
 ``get_cl_model(backbone, config)`` freezes the backbone (unless the method trains
-it), adds an incremental classification head for image/text backbones, and lets
-the method add its own modules. ``save_pretrained`` writes only what the method
-changed (PEFT-like ``adapter_config.json`` + ``adapter_model.safetensors``): every
-trainable tensor, every buffer the method added, and the non-tensor state (head
-size, counters, slot statistics) as JSON in the safetensors metadata, guarded by
+it), adds a classification head that grows with the stream for image/text
+backbones (``config.head``: the incremental linear head, or a closed-form
+statistics head that the model itself feeds in ``after_step`` and solves in
+``before_evaluation``), and lets the method add its own modules.
+``save_pretrained`` writes only what the method changed (PEFT-like
+``adapter_config.json`` + ``adapter_model.safetensors``): every trainable tensor,
+every buffer the method or head added, and the non-tensor state (head size and
+settings, counters, slot statistics) as JSON in the safetensors metadata, guarded by
 a checksum of the tensor bytes so a corrupted file is refused, not half-loaded.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -24,10 +29,11 @@ from torch import nn
 
 from .backbones import get_backbone_spec, get_base_model, pooled_features
 from .config import CONFIG_NAME, CLConfig
-from .heads import IncrementalClassifier
+from .heads import StatisticsHead, build_head
 from .io import atomic_path, refuse_pickles, resolve_pretrained_dir
 from .methods.base import StepContext
-from .outputs import CLModelOutput, backbone_inputs
+from .labels import record_labels
+from .outputs import CLModelOutput, backbone_inputs, model_inputs
 from .registry import get_method
 
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -40,6 +46,11 @@ class CLModel(nn.Module):
 
     def __init__(self, backbone: nn.Module, config: CLConfig) -> None:
         super().__init__()
+        # A backbone another CLModel already adapted (README's `same = type(model).from_pretrained(backbone,
+        # ...)` right after training on `backbone`) is not adapted twice, which would stack a second
+        # adapter on the first: this model is built on a copy of the backbone as it was before then.
+        backbone = _unadapted_copy(backbone)
+        skeleton = _skeleton(backbone)
         self.spec = get_backbone_spec(backbone)
         entry = get_method(config.method)
         if not isinstance(config, entry.config_class):
@@ -63,13 +74,15 @@ class CLModel(nn.Module):
         # rename modules (PEFT's LoRA moves weights under `base_layer`). Strong
         # references keep the ids from being reused if a method drops a module.
         self._original_tensors = [*self.backbone.parameters(), *self.backbone.buffers()]
-        self.head = (
-            IncrementalClassifier(self.spec.hidden_size(self.backbone))
-            if self.spec.modality != "lm" and method.uses_head
-            else None
-        )
+        self.head: nn.Module | None = None
+        if self.spec.modality != "lm" and method.uses_head:
+            self.head = build_head(config.head, self.spec.hidden_size(self.backbone), **config.head_build_options())
+        elif config.head != "linear":
+            owner = "a causal LM keeps its own LM head" if self.spec.modality == "lm" else "it has its own classifier"
+            raise ValueError(f"method {config.method!r} cannot use head {config.head!r}: {owner}; leave head='linear'")
         self.method = method
         method.attach(self)
+        _ADAPTED[backbone] = skeleton
 
     # ---- forward ---------------------------------------------------------------
     def extract_features(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -91,15 +104,49 @@ class CLModel(nn.Module):
 
     # ---- the engine's hooks: the model's own bookkeeping, then the method's -------
     def begin_task(self, experience: Any, ctx: StepContext) -> None:
-        """An experience starts (the head has grown to its classes)."""
+        """An experience starts (the head has grown to its classes): its class names and
+        dataset labels join ``config.id2label`` / ``class_order`` / ``training_history``
+        (refused when they collide with the classes the adapter knows), then the method's hook."""
+        record_labels(self.config, experience)
         self.method.begin_task(self, experience, ctx)
 
+    @torch.no_grad()
+    def predict(self, **inputs: torch.Tensor) -> list[str]:
+        """The predicted class name of every example of a batch, from ``config.id2label``
+        (``str(id)`` for an id without a recorded name), e.g.
+        ``model.predict(**processor(images=images, return_tensors="pt"))``."""
+        if self.spec.modality == "lm":
+            raise ValueError("predict() names classes; a causal-LM adapter predicts tokens (use the logits or generate)")
+        was_training = self.training
+        self.eval()
+        try:
+            logits = self(**model_inputs(inputs)).logits
+        finally:
+            self.train(was_training)
+        id2label = self.config.id2label or {}
+        return [id2label.get(i, str(i)) for i in logits.argmax(-1).tolist()]
+
     def after_step(self, batch: dict[str, torch.Tensor], out: CLModelOutput, ctx: StepContext) -> None:
-        """After every training step (every batch, for models with nothing to train)."""
+        """After every training step (every batch, for models with nothing to train).
+
+        A statistics head adds the batch's ``out.features`` (what the classifier read) to its
+        pending sums. With several processes, process 0 adds the whole global batch, gathered
+        without the samples repeated to even out a last batch, and the others add nothing:
+        :meth:`before_evaluation` sums over processes, so every example counts exactly once.
+        """
+        if isinstance(self.head, StatisticsHead):
+            features, labels = out.features, batch["labels"]
+            if ctx.num_processes > 1:
+                features, labels = ctx.gather(features), ctx.gather(labels)
+            if ctx.process_index == 0:
+                self.head.accumulate(features, labels)
         self.method.after_step(self, batch, out, ctx)
 
     def before_evaluation(self, ctx: StepContext) -> None:
-        """Before every evaluation or checkpoint: fold in statistics pending on any process."""
+        """Before every evaluation or checkpoint: fold in statistics pending on any process
+        (a statistics head's sums are reduced over processes and its classifier re-solved)."""
+        if isinstance(self.head, StatisticsHead):
+            self.head.sync(ctx.reduce)
         self.method.before_evaluation(self, ctx)
 
     def end_task(self, experience: Any, ctx: StepContext) -> None:
@@ -109,10 +156,16 @@ class CLModel(nn.Module):
     def grow_head(self, num_classes: int) -> None:
         """Grow the head to ``num_classes`` outputs (never shrinks).
 
-        New rows come from a generator seeded by (head_init_seed, current size), so
-        they are the same whether or not the run was stopped and resumed before.
+        New rows of a linear head come from a generator seeded by (head_init_seed,
+        current size), so they are the same whether or not the run was stopped and
+        resumed before. A statistics head grows with zero statistics (unseen classes
+        score -inf until they have examples).
         """
-        if self.head is not None and num_classes > self.head.num_classes:
+        if self.head is None or num_classes <= self.head.num_classes:
+            return
+        if isinstance(self.head, StatisticsHead):
+            self.head.grow(num_classes)
+        else:
             seed = self.config.head_init_seed * 1_000_003 + self.head.num_classes
             self.head.grow(num_classes, generator=torch.Generator().manual_seed(seed))
 
@@ -139,13 +192,21 @@ class CLModel(nn.Module):
         return {key: tensor for key, tensor in self.state_dict().items() if key in keep}
 
     def extra_state(self) -> dict[str, Any]:
-        return {
+        state = {
             "num_classes": self.head.num_classes if self.head is not None else 0,
             "method": self.method.extra_state(),
         }
+        if isinstance(self.head, StatisticsHead):
+            state["head"] = self.head.extra_state()
+        return state
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.grow_head(int(state.get("num_classes", 0)))
+        """Restore :meth:`extra_state` before the tensors load: the head (and the method's
+        grown modules) take the saved shapes, so the saved tensors fit them exactly."""
+        if isinstance(self.head, StatisticsHead) and "head" in state:
+            self.head.load_extra_state(state["head"])
+        else:
+            self.grow_head(int(state.get("num_classes", 0)))
         self.method.load_extra_state(state.get("method", {}))
 
     # ---- saving and loading ------------------------------------------------------
@@ -168,7 +229,13 @@ class CLModel(nn.Module):
     def from_pretrained(
         cls, backbone: nn.Module, path_or_repo_id: str | os.PathLike, **hub_kwargs: Any
     ) -> "CLModel":
-        """Rebuild the adapter saved at a local dir or Hub repo id on ``backbone``."""
+        """Rebuild the adapter saved at a local dir or Hub repo id on ``backbone``.
+
+        Like PEFT's ``from_pretrained`` the adapter is attached to ``backbone`` itself, unless
+        another CLModel already adapted that backbone object (e.g. the model just trained on
+        it): then the adapter is attached to a copy of the backbone as it was before, and the
+        other model is left as it is.
+        """
         directory = resolve_pretrained_dir(path_or_repo_id, **hub_kwargs)
         refuse_pickles(directory, WEIGHTS_NAME)
         config = CLConfig.from_pretrained(directory)
@@ -201,10 +268,48 @@ class CLModel(nn.Module):
         self.load_state_dict(tensors, strict=False)
 
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
-        """Save to a temporary dir and upload it in one commit; see ``hf_clroute.io.push_folder``."""
+        """Save to a temporary dir and upload it in one commit, with a minimal model card (method,
+        base model, labels, training history; ``hf-clroute push`` writes the bench's full card);
+        see ``hf_clroute.io.push_folder``."""
         from .io import push_adapter
+        from .model_card import minimal_card
 
-        return push_adapter(self, repo_id, **kwargs)
+        return push_adapter(self, repo_id, **{"card": minimal_card(self.config, repo_id), **kwargs})
+
+
+#: backbone -> (a copy of its module structure from before a CLModel adapted it, sharing its
+#: tensors, and the parameters' requires_grad flags then); None when it could not be copied.
+_ADAPTED: "weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, list[bool]] | None]" = weakref.WeakKeyDictionary()
+
+
+def _skeleton(backbone: nn.Module) -> tuple[nn.Module, list[bool]] | None:
+    """The backbone's modules copied as they are now, sharing (not copying) its tensors: cheap,
+    and enough to rebuild it unadapted later, since an adapter never changes frozen tensors and
+    saves every tensor it trains."""
+    tensors = [*backbone.parameters(), *backbone.buffers()]
+    try:
+        skeleton = copy.deepcopy(backbone, {id(t): t for t in tensors})
+    except Exception:  # a backbone that cannot be deep-copied: a second adapter is refused instead
+        return None
+    return skeleton, [p.requires_grad for p in skeleton.parameters()]
+
+
+def _unadapted_copy(backbone: nn.Module) -> nn.Module:
+    """``backbone`` itself the first time; after a CLModel adapted it, a full copy of it as it was then."""
+    if backbone not in _ADAPTED:
+        return backbone
+    entry = _ADAPTED[backbone]
+    if entry is None:
+        raise ValueError(
+            "this backbone is already adapted by another CLModel and cannot be copied; load a fresh backbone "
+            "for each model (e.g. `backbone, processor = load_backbone(name)`)"
+        )
+    skeleton, requires_grad = entry
+    fresh = copy.deepcopy(skeleton)
+    for parameter, flag in zip(fresh.parameters(), requires_grad, strict=True):
+        parameter.requires_grad_(flag)
+    first = next(iter(fresh.parameters()), None)
+    return fresh.to(first.device) if first is not None and first.device.type != "meta" else fresh
 
 
 def tensor_checksum(tensors: dict[str, torch.Tensor]) -> str:

@@ -253,9 +253,12 @@ def test_classifier_growth_keeps_old_logits_and_masks() -> None:
         head.grow(3)
 
 
-def test_classifier_loads_into_smaller_head() -> None:
+def test_classifier_loads_after_growing_to_the_checkpoint_size() -> None:
     head = IncrementalClassifier(8, 4)
     fresh = IncrementalClassifier(8)
+    with pytest.raises(RuntimeError, match="size mismatch"):  # grown first, as CLModel.load_extra_state does
+        fresh.load_state_dict(head.state_dict())
+    fresh.grow(4)
     fresh.load_state_dict(head.state_dict())
     x = torch.randn(2, 8)
     assert fresh.num_classes == 4 and torch.equal(fresh(x), head(x))

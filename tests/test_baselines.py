@@ -17,10 +17,14 @@ from hf_clroute.baselines import (
     EWCConfig,
     FinetuneConfig,
     JointConfig,
+    KNNConfig,
     LoraBaselineConfig,
     LwFConfig,
     NCMConfig,
     PromptTuningBaselineConfig,
+    RanPACConfig,
+    SimpleCILConfig,
+    SLDAConfig,
     VPTConfig,
 )
 from hf_clroute.data import ImageCollator, TextClassificationCollator, class_incremental, load_source
@@ -31,6 +35,10 @@ from hf_clroute.model import WEIGHTS_NAME, CLModel
 IMAGE_METHODS = {
     "finetune": FinetuneConfig,
     "ncm": NCMConfig,
+    "simplecil": SimpleCILConfig,
+    "slda": SLDAConfig,
+    "ranpac": lambda: RanPACConfig(head_options={"projection_dim": 64, "ridge_lambda": 1.0, "nonlinearity": "relu"}),
+    "knn": lambda: KNNConfig(buffer_size=16),
     "lora": LoraBaselineConfig,
     "vpt": VPTConfig,
     "er": lambda: ERConfig(buffer_size=16),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -65,8 +66,10 @@ def test_a_suite_file_can_extend_another(tmp_path):
     base, scarce = SuiteConfig.load("split-mnist"), SuiteConfig.load("split-mnist-20pct")
     assert (scarce.dataset, scarce.backbone, scarce.n_tasks) == (base.dataset, base.backbone, base.n_tasks)
     assert scarce.train_per_class * 5 == base.train_per_class and scarce.name == "split-mnist-20pct"
-    # training/quick merge key by key: only eval_every changes
-    assert scarce.training == {**base.training, "eval_every": 10}
+    # training/quick merge key by key: the 5-task study switches anytime evaluation off, nothing else
+    five = SuiteConfig.load("wordnet-5tasks")
+    assert five.training == {**SuiteConfig.load("wordnet").training, "eval_every": 0, "evals_per_task": 0}
+    assert scarce.training == base.training and scarce.bases == ["split-mnist"]
     assert scarce.quick_version().training["batch_size"] == base.training["batch_size"]
     assert [SuiteConfig.load(f"wordnet-{n}tasks").n_tasks for n in (5, 10)] == [5, 10]
     loop = tmp_path / "loop.json"
@@ -133,3 +136,34 @@ def test_the_wheel_ships_the_builtin_suites_and_the_card_template(tmp_path):
     assert len(shipped) > 20
     missing = [str(p.relative_to(package)) for p in shipped if f"hf_clroute/{p.relative_to(package).as_posix()}" not in names]
     assert not missing, f"not in the wheel: {missing}"
+
+
+def test_tune_picks_on_validation_and_bench_trains_with_the_pick(tiny_suite, tmp_path, monkeypatch):
+    from hf_clroute.bench import tune as tuning
+    from hf_clroute.bench.classification import run as run_classification
+
+    data = json.loads(Path(tiny_suite).read_text())
+    data["validation_per_class"] = 4
+    path = tmp_path / "tiny-val.json"
+    path.write_text(json.dumps(data))
+    suite = SuiteConfig.load(str(path))
+    monkeypatch.setattr(tuning, "LEARNING_RATES", (1e-4, 1e-2))  # keep the test small; the grid shape is what is tested
+    selection = tuning.tune(suite, ["finetune", "ncm"], tmp_path / "tuned")
+    record = selection["methods"]["finetune"]
+    assert [p["training.learning_rate"] for p in record["grid"]] == [1e-4, 1e-2]
+    assert record["pick"] == record["grid"][max(range(2), key=lambda i: (record["validation_A_T"][i], -i))]
+    assert selection["methods"]["ncm"]["grid"] == [{}]  # nothing to train: no learning rate to search
+    results = run_classification(str(path), methods=["finetune"], seeds=[0], quick=False, out=tmp_path / "run",
+                                 progress=False, selection=tmp_path / "tuned" / "selection.json")
+    row = results["methods"]["finetune"]
+    assert row["selection"] == record
+    assert row["settings"]["training"]["learning_rate"] == record["pick"]["training.learning_rate"]
+    assert row["settings"]["sources"]["training.learning_rate"] == "selection (validation)"
+    assert row["FWT"] is None  # class-incremental: undefined, not a number
+
+
+def test_search_budget_is_bounded():
+    from hf_clroute.bench.tune import LEARNING_RATES, search_grid
+
+    assert len(search_grid("rwf", trains=True)) == len(LEARNING_RATES)
+    assert search_grid("ncm", trains=False) == [{}]

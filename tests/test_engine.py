@@ -70,7 +70,7 @@ def test_ncm_learns_without_training_parameters(stream):
     assert result.params["trainable_params"] == 0
     # Class means of frozen random features still beat chance on 4 MNIST digits.
     assert result.accuracy_matrix[-1][0] > 0.25 or result.accuracy_matrix[-1][1] > 0.25
-    assert trainer.model.method.class_counts.tolist() == [20.0] * 4
+    assert trainer.model.head.counts.tolist() == [20.0] * 4
 
 
 def test_resume_equals_uninterrupted(stream, tmp_path):
@@ -96,7 +96,7 @@ def test_scenario_task_masks_to_task_classes(stream):
     assert sum(old_task_il) / len(old_task_il) > sum(old_class_il) / len(old_class_il) + 0.2
 
 
-def _write_run_config(tmp_path: Path, backbone_dir: Path, method: str, out: Path) -> Path:
+def _write_run_config(tmp_path: Path, backbone_dir: Path, method: str, out: Path, num_workers: int = 0) -> Path:
     suite = {
         "name": "tiny-split-mnist",
         "dataset": "mnist",
@@ -105,7 +105,10 @@ def _write_run_config(tmp_path: Path, backbone_dir: Path, method: str, out: Path
         "train_per_class": 20,
         "test_per_class": 10,
         "max_classes": 4,
-        "training": {"batch_size": 8, "learning_rate": 0.001, "eval_every": 2, "progress": False},
+        "training": {"batch_size": 8, "learning_rate": 0.001, "eval_every": 2, "progress": False,
+                     "num_workers": num_workers},
+        # A 2048-wide RanPAC Gram matrix is re-solved at every evaluation: keep the test fast.
+        "method_settings": {"ranpac": {"config": {"head_options": {"projection_dim": 256}}}},
     }
     path = tmp_path / f"{method}-{out.name}.json"
     path.write_text(json.dumps({"suite": suite, "method": method, "seed": 0, "output_dir": str(out)}))
@@ -113,15 +116,18 @@ def _write_run_config(tmp_path: Path, backbone_dir: Path, method: str, out: Path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["finetune", "ncm", "qoa"])  # qoa: the replay buffer is gathered across processes
-def test_two_process_accelerate_run_matches_one_process(tmp_path, method):
+# qoa: the replay buffer is gathered across processes; slda, ranpac: head statistics summed over processes
+# finetune with a DataLoader worker: the batches, hence the numbers, do not depend on workers
+@pytest.mark.parametrize("method, num_workers", [("finetune", 0), ("ncm", 0), ("qoa", 0), ("slda", 0), ("ranpac", 0),
+                                                 ("finetune", 1)])
+def test_two_process_accelerate_run_matches_one_process(tmp_path, method, num_workers):
     backbone_dir = tmp_path / "tiny-vit"
     tiny_backbone().save_pretrained(backbone_dir)
     ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(backbone_dir)
     env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
     script = str(REPO / "training" / "train_continual.py")
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, script, "--config", str(_write_run_config(tmp_path, backbone_dir, method, one))],
+    subprocess.run([sys.executable, script, "--config", str(_write_run_config(tmp_path, backbone_dir, method, one, num_workers))],
                    check=True, env=env, cwd=REPO)
     # A fresh rendezvous port per launch: back-to-back runs on the default port can collide.
     with socket.socket() as sock:
@@ -129,7 +135,7 @@ def test_two_process_accelerate_run_matches_one_process(tmp_path, method):
         port = str(sock.getsockname()[1])
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port]
-    subprocess.run([*launch, script, "--config", str(_write_run_config(tmp_path, backbone_dir, method, two))],
+    subprocess.run([*launch, script, "--config", str(_write_run_config(tmp_path, backbone_dir, method, two, num_workers))],
                    check=True, env=env, cwd=REPO)
     r1, r2 = (json.loads((d / "result.json").read_text()) for d in (one, two))
     assert r1["num_processes"] == 1 and r2["num_processes"] == 2

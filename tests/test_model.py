@@ -104,21 +104,22 @@ def test_finetune_save_load_bit_identical(tmp_path, backbone_fn, batch_fn):
 def test_ncm_save_load_keeps_statistics(tmp_path):
     model = get_cl_model(tiny_vit(), NCMConfig())
     ctx = StepContext(task_id=0)
-    model.method.on_task_start(model, _Exp([0, 1, 2]), ctx)
+    model.grow_head(3)
+    model.begin_task(_Exp([0, 1, 2]), ctx)
     batch = image_batch(6)
     labels = torch.tensor([0, 1, 2, 0, 1, 2])
     with torch.no_grad():
         out = model(**batch)
-    model.method.after_step(model, {**batch, "labels": labels}, out, ctx)
-    model.method.before_evaluation(model, ctx)
+    model.after_step({**batch, "labels": labels}, out, ctx)
+    model.before_evaluation(ctx)
     expected = model(**batch).logits
     assert torch.isfinite(expected).all()
     model.save_pretrained(tmp_path)
-    # Only the method's statistics are saved: the frozen backbone stays where it came from.
+    # Only the prototype head's statistics are saved: the frozen backbone stays where it came from.
     from safetensors.torch import load_file
 
     keys = set(load_file(str(tmp_path / WEIGHTS_NAME)))
-    assert keys == {"method.class_sums", "method.class_counts"}
+    assert keys == {"head.counts", "head.sums", "head.means"}
     loaded = CLModel.from_pretrained(tiny_vit(), tmp_path)
     assert torch.equal(loaded(**batch).logits, expected)
 

@@ -30,7 +30,7 @@ def test_bench_writes_plots_and_one_adapter_per_method(bench_run):
     assert all((bench_run / "plots" / p).stat().st_size > 1000 for p in plots)
     assert {p.name for p in (bench_run / "adapters").iterdir()} == {"finetune", "ncm"}
     row = json.loads((bench_run / "results.json").read_text())["methods"]["finetune"]
-    assert {"shallow_forgetting", "deep_forgetting", "snr_final"} <= set(row)
+    assert {"deep_forgetting", "probe_A_T", "snr_final"} <= set(row)
 
 
 def _predictions(model, suite):

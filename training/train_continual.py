@@ -9,8 +9,11 @@ Two CPU processes on one machine (SPEC 8):
 
 The run config is JSON: {"suite": <built-in name | suite JSON path | inline suite>,
 "method": <name>, "seed": 0, "quick": false, "training": {TrainingConfig overrides},
-"output_dir": "runs/..."}. Checkpoints go to <output_dir>/checkpoints; pass
---resume to continue a stopped run from its latest checkpoint.
+"output_dir": "runs/...", "from_adapter": <optional adapter dir or Hub repo id>}.
+With "from_adapter" the run continues that adapter on the suite's stream (classes it
+knows keep their ids, new ones come after them; "method" must be the adapter's).
+Checkpoints go to <output_dir>/checkpoints; pass --resume to continue a stopped run
+from its latest checkpoint.
 """
 
 from __future__ import annotations
@@ -19,11 +22,15 @@ import argparse
 import json
 from pathlib import Path
 
-from hf_clroute.bench.classification import run_method, summarize_result
+from hf_clroute.bench.classification import adapter_method, run_method, summarize_result
 from hf_clroute.bench.settings import resolve_run
 from hf_clroute.engine import make_accelerator
 from hf_clroute.io import atomic_write_text
 from hf_clroute.bench.suites import SuiteConfig
+
+
+#: the fields of a run config
+RUN_CONFIG_FIELDS = ("suite", "method", "seed", "quick", "training", "output_dir", "from_adapter")
 
 
 def load_run_config(path: str) -> dict:
@@ -31,6 +38,11 @@ def load_run_config(path: str) -> dict:
     missing = [k for k in ("suite", "method", "output_dir") if k not in config]
     if missing:
         raise ValueError(f"run config {path} is missing field(s) {missing}")
+    unknown = sorted(set(config) - set(RUN_CONFIG_FIELDS))
+    if unknown:
+        raise ValueError(f"run config {path} has unknown field(s) {unknown}; known: {list(RUN_CONFIG_FIELDS)}")
+    if config.get("from_adapter"):
+        adapter_method(config["from_adapter"], [config["method"]])  # the adapter's method (or a variant of it)
     return config
 
 
@@ -50,9 +62,11 @@ def training_function(config: dict, args: argparse.Namespace) -> dict:
     accelerator = make_accelerator(training)
     resume = str(out / "checkpoints") if args.resume else None
     result, model, settings = run_method(
-        suite, config["method"], training.seed, accelerator=accelerator, resume_from=resume, **overrides
+        suite, config["method"], training.seed, accelerator=accelerator, resume_from=resume,
+        from_adapter=config.get("from_adapter"), **overrides
     )
     report = {"suite": suite.name, "method": config["method"], "seed": training.seed,
+              "from_adapter": config.get("from_adapter"),
               "num_processes": accelerator.num_processes, "finished": result.finished,
               "accuracy_matrix": result.accuracy_matrix, "untrained_accuracy": result.untrained_accuracy,
               "anytime": result.anytime, "params": result.params, "settings": settings.to_dict()}

@@ -4,16 +4,30 @@ from ..registry import register_method
 from .ewc import EWCConfig, OnlineEWC
 from .finetune import FfnFinetune, FfnFinetuneConfig, Finetune, FinetuneConfig
 from .joint import JointConfig, JointTraining
+from .knn import KNearestNeighbours, KNNConfig
 from .lora import LoraBaseline, LoraBaselineConfig
 from .lwf import LwF, LwFConfig
-from .ncm import NCMConfig, NearestClassMean
 from .prompt_tuning import PromptTuningBaseline, PromptTuningBaselineConfig
 from .replay import ERConfig, ExperienceReplay
+from .statistics import (
+    NCMConfig,
+    NearestClassMean,
+    RanPAC,
+    RanPACConfig,
+    SimpleCIL,
+    SimpleCILConfig,
+    SLDAConfig,
+    StreamingLDA,
+)
 from .visual_prompt import VisualPromptTuning, VPTConfig
 
 register_method(FinetuneConfig, Finetune)
 register_method(FfnFinetuneConfig, FfnFinetune)
 register_method(NCMConfig, NearestClassMean)
+register_method(SimpleCILConfig, SimpleCIL)
+register_method(SLDAConfig, StreamingLDA)
+register_method(RanPACConfig, RanPAC)
+register_method(KNNConfig, KNearestNeighbours)
 register_method(LoraBaselineConfig, LoraBaseline)
 register_method(PromptTuningBaselineConfig, PromptTuningBaseline)
 register_method(VPTConfig, VisualPromptTuning)
@@ -32,6 +46,8 @@ __all__ = [
     "FinetuneConfig",
     "JointConfig",
     "JointTraining",
+    "KNNConfig",
+    "KNearestNeighbours",
     "LoraBaseline",
     "LoraBaselineConfig",
     "LwF",
@@ -41,6 +57,12 @@ __all__ = [
     "OnlineEWC",
     "PromptTuningBaseline",
     "PromptTuningBaselineConfig",
+    "RanPAC",
+    "RanPACConfig",
+    "SLDAConfig",
+    "SimpleCIL",
+    "SimpleCILConfig",
+    "StreamingLDA",
     "VPTConfig",
     "VisualPromptTuning",
 ]

@@ -13,6 +13,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
+from ..model_card import history_markdown, labels_markdown
 from .settings import method_description
 
 TEMPLATE = Path(__file__).resolve().parent / "model_cards" / "adapter_card.md"
@@ -25,8 +26,8 @@ CARD_METRICS = {
     "BWT": ("backward_transfer", "backward transfer BWT"),
     "FWT": ("forward_transfer", "forward transfer FWT"),
     "A_AUC": ("accuracy", "anytime accuracy A_AUC"),
-    "shallow_forgetting": ("forgetting", "shallow forgetting (own head)"),
-    "deep_forgetting": ("forgetting", "deep forgetting (linear probe)"),
+    "deep_forgetting": ("forgetting", "deep forgetting (linear probe over seen classes)"),
+    "probe_A_T": ("accuracy", "linear probe final average accuracy"),
 }
 LIMITATIONS = (
     "Measured at small scale on CPU with the suite's stated sizes; a different backbone, stream "
@@ -87,5 +88,8 @@ def build_card(results: dict[str, Any], method: str, repo_id: str, adapter_confi
         trainable_pct=f"{row.get('trainable_pct', 0):.2f}",
         metrics=metrics,
         plots=plots,
+        labels=labels_markdown(adapter_config),
+        history=history_markdown(adapter_config),
+        from_adapter=results.get("from_adapter"),
         limitations=LIMITATIONS,
     )

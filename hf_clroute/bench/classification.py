@@ -20,15 +20,15 @@ from accelerate import Accelerator
 from ..engine import ContinualTrainer, StreamResult, make_accelerator
 from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_features, reads_frozen_features
 from ..metrics import aggregate_runs, mean_std, summarize
-from ..model import get_cl_model
+from ..model import CLModel, get_cl_model
 from .plots import write_plots
 from .probes import ForgettingProbes, forgetting_split
 from .results import write_run
-from .settings import RunSettings, resolve_run
+from .settings import RunSettings, load_selection, resolve_run
 from .suites import SuiteConfig, build_stream, drop_methods, load_suite_backbone
 
 METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
-PROBE_KEYS = ("shallow_forgetting", "deep_forgetting", "snr_final")
+PROBE_KEYS = ("deep_forgetting", "probe_A_T", "snr_final")
 
 
 def run_method(
@@ -39,20 +39,32 @@ def run_method(
     collator: Any = None,
     accelerator: Accelerator | None = None,
     resume_from: str | None = None,
+    config_overrides: dict[str, Any] | None = None,
+    selected: dict[str, Any] | None = None,
+    from_adapter: str | None = None,
     **training_overrides: Any,
 ) -> tuple[StreamResult, Any, RunSettings]:
     """Train one method over the suite's stream for one seed; returns (result, model, settings).
 
-    ``stream``/``collator`` override the suite's (the bench passes cached features).
+    ``from_adapter`` (a directory or Hub repo id) continues that adapter instead of a fresh
+    one: its own config is kept, the suite gives the stream and the training settings, and the
+    trainer appends the stream's new classes after the ones the adapter knows.
+
+    ``stream``/``collator`` override the suite's (the bench passes cached features);
+    ``selected`` are the hyper-parameters ``hf-clroute tune`` chose on validation.
     """
-    settings = resolve_run(suite, method, seed, training_overrides)
+    settings = resolve_run(suite, method, seed, training_overrides, config_overrides, selected)
     stream = stream if stream is not None else build_stream(suite, seed)
     backbone, suite_collator = load_suite_backbone(suite)
     config = settings.adapter_config
     # Record the suite's backbone id ("pretrained-vit:<recipe>", "minilm", a Hub id), which
     # anyone can resolve, rather than the local path it was loaded from.
     config.base_model_name_or_path = suite.backbone
-    model = get_cl_model(backbone, config)
+    if from_adapter:
+        model = load_adapter_to_continue(backbone, from_adapter, suite)
+        settings = dataclasses.replace(settings, adapter_config=model.config)
+    else:
+        model = get_cl_model(backbone, config)
     training = settings.training
     callbacks = [ForgettingProbes()] if suite.probe_forgetting and model.spec.modality != "lm" else []
     trainer = ContinualTrainer(
@@ -60,6 +72,30 @@ def run_method(
         callbacks=callbacks, run_info={"suite": suite.name, "run_method": method},
     )
     return trainer.fit(resume_from=resume_from), model, settings
+
+
+def load_adapter_to_continue(backbone: Any, from_adapter: str, suite: SuiteConfig) -> Any:
+    """The adapter at ``from_adapter`` on ``backbone``, checked to be one for the suite's backbone."""
+    model = CLModel.from_pretrained(backbone, from_adapter)
+    base = model.config.base_model_name_or_path
+    if base and base != suite.backbone:
+        raise ValueError(f"adapter {from_adapter} was trained on backbone {base!r}, but suite {suite.name!r} uses "
+                         f"{suite.backbone!r}; continue it on a suite with its backbone")
+    return model
+
+
+def adapter_method(from_adapter: str, methods: list[str] | None) -> list[str]:
+    """The one method a run continuing ``from_adapter`` trains: the adapter's, or a variant of it."""
+    from ..config import CLConfig
+    from .settings import registered_method
+
+    method = CLConfig.from_pretrained(from_adapter).method
+    if not methods:
+        return [method]
+    if len(methods) != 1 or registered_method(methods[0]) != method:
+        raise ValueError(f"--from-adapter continues one {method!r} adapter; --methods must be {method!r} (or one "
+                         f"of its variants), got {methods}")
+    return list(methods)
 
 
 def uses_cached_features(suite: SuiteConfig, method: str, backbone: Any) -> bool:
@@ -91,10 +127,10 @@ def summarize_result(result: StreamResult, scenario: str) -> dict[str, Any]:
         final = [p["probe_accuracy"] for p in probes["final"]]
         split = forgetting_split(result.accuracy_matrix, diag, final)
         row |= {
-            "shallow_forgetting": split["shallow"],
             "deep_forgetting": split["deep"],
-            "shallow_forgetting_per_task": split["shallow_per_task"],
             "deep_forgetting_per_task": split["deep_per_task"],
+            "head_forgetting_per_task": split["head_per_task"],
+            "probe_A_T": sum(final) / len(final),
             "snr_final": sum(p["snr"] for p in probes["final"]) / len(probes["final"]),
         }
     return row
@@ -108,13 +144,24 @@ def run_bench(
     progress: bool = True,
     command: str | None = None,
     merge: bool = False,
+    selection: dict[str, Any] | None = None,
+    from_adapter: str | None = None,
 ) -> dict:
+    """Every method over the suite's stream for every seed; ``selection`` (from ``hf-clroute tune``)
+    gives each method's hyper-parameters chosen on validation, recorded with the results.
+    ``from_adapter``: continue that adapter (one method) instead of training fresh ones."""
+    selection = selection or {}
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
     reference: list[dict[str, float]] = []
     settings_by_method: dict[str, dict[str, Any]] = {}
     probe_backbone, _ = load_suite_backbone(suite)
-    cached = {m for m in methods if uses_cached_features(suite, m, probe_backbone)}
+    if from_adapter:  # a continued adapter keeps its own config: ask the adapter itself
+        continued = CLModel.from_pretrained(copy.deepcopy(probe_backbone), from_adapter)
+        cached = set(methods) if reads_frozen_features(continued) else set()
+        del continued
+    else:
+        cached = {m for m in methods if uses_cached_features(suite, m, probe_backbone)}
     del probe_backbone
     for seed in seeds:
         stream = build_stream(suite, seed)
@@ -129,6 +176,8 @@ def run_bench(
                 stream=feature_stream if use_cache else stream,
                 collator=FeatureCollator() if use_cache else None,
                 progress=progress,
+                selected=selection.get(method, {}).get("pick"),
+                from_adapter=from_adapter,
             )
             row = summarize_result(result, suite.scenario)
             row["wall_s"] = time.perf_counter() - started + (cache_s if use_cache else 0.0)
@@ -147,7 +196,9 @@ def run_bench(
         "commands": [command],
         "config": {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"},
         "reference": {"bare_backbone": aggregate_runs(reference), "per_seed": reference},
-        "methods": {m: {**aggregate_method(r), "features_cached": m in cached, "settings": settings_by_method[m]}
+        **({"from_adapter": str(from_adapter)} if from_adapter else {}),
+        "methods": {m: {**aggregate_method(r), "features_cached": m in cached, "settings": settings_by_method[m],
+                        "selection": selection.get(m)}
                     for m, r in runs.items()},
     }
     results = merge_previous(out / "results.json", results) if merge else results
@@ -174,7 +225,7 @@ def merge_results(previous: dict, results: dict) -> dict:
     for name, row in results["methods"].items():
         old_rows = [r for r in methods.get(name, {}).get("per_seed", []) if r["seed"] not in results["seeds"]]
         methods[name] = {**aggregate_method(old_rows + row["per_seed"]), "features_cached": row["features_cached"],
-                         "settings": row.get("settings")}
+                         "settings": row.get("settings"), "selection": row.get("selection")}
     reference = [r for r in previous.get("reference", {}).get("per_seed", [])] + results["reference"]["per_seed"]
     return {
         **results,
@@ -186,13 +237,18 @@ def merge_results(previous: dict, results: dict) -> dict:
 
 
 def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick: bool, out: str | Path,
-        progress: bool = True, command: str | None = None, merge: bool = False) -> dict:
-    """The runner entry point (``hf-clroute bench``): a classification suite by name or path."""
+        progress: bool = True, command: str | None = None, merge: bool = False,
+        selection: str | Path | None = None, from_adapter: str | None = None) -> dict:
+    """The runner entry point (``hf-clroute bench``): a classification suite by name or path;
+    ``selection``: a ``selection.json`` written by ``hf-clroute tune`` for this suite;
+    ``from_adapter``: an adapter (directory or Hub repo id) to continue on the suite's stream."""
     suite = SuiteConfig.load(name_or_path, quick=quick)
-    methods = list(methods or suite.method_names())
+    methods = adapter_method(from_adapter, methods) if from_adapter else list(methods or suite.method_names())
+    picks = load_selection(selection, suite) if selection else {}
     for method in methods:  # every name resolves (and every settings file parses) before --out is created
-        resolve_run(suite, method, seeds[0])
-    return run_bench(suite, methods, seeds, Path(out), progress=progress, command=command, merge=merge)
+        resolve_run(suite, method, seeds[0], selected=picks.get(method, {}).get("pick"))
+    return run_bench(suite, methods, seeds, Path(out), progress=progress, command=command, merge=merge,
+                     selection=picks, from_adapter=from_adapter)
 
 
 def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
@@ -256,8 +312,10 @@ def results_markdown(results: dict) -> str:
         f"# {results['suite']} (seeds {', '.join(map(str, results['seeds']))})\n\n"
         "Accuracies in %, mean ± std over seeds. Throughput in samples/s (training excludes evaluation). "
         "Methods marked * ran on cached frozen features: their throughput excludes the backbone.\n\n"
-        "Shallow/deep F: forgetting of the model's own head vs of a linear probe on its features.\n\n"
-        "| method | A_T | F_T | Ā | BWT | FWT | A_AUC | shallow F | deep F | trainable % | train/s | infer/s | peak MB |\n"
+        "FWT is undefined (—) in class-incremental runs: the next task's classes are unreachable. "
+        "Deep F: forgetting of a linear probe over all classes seen so far, on the features the method "
+        "classifies from (the head's own forgetting is −BWT); probe A_T: that probe's final average accuracy.\n\n"
+        "| method | A_T | F_T | Ā | BWT | FWT | A_AUC | deep F | probe A_T | trainable % | train/s | infer/s | peak MB |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = []

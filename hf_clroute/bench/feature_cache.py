@@ -52,7 +52,11 @@ def cache_stream_features(
 ) -> tuple[list[Experience], float]:
     """(the stream with features for inputs, seconds spent encoding)."""
     started = time.perf_counter()
-    cached = [replace(e, train=encode(backbone, e.train, collator), test=encode(backbone, e.test, collator)) for e in stream]
+    cached = [
+        replace(e, train=encode(backbone, e.train, collator), test=encode(backbone, e.test, collator),
+                validation=encode(backbone, e.validation, collator) if e.validation is not None else None)
+        for e in stream
+    ]
     return cached, time.perf_counter() - started
 
 

@@ -416,6 +416,9 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
     """Entry point of ``hf-clroute bench`` for the plasticity suites (see the module docstring)."""
     suite = load_plasticity_suite(name_or_path, quick)
     methods = list(methods or suite.methods)
+    unknown = [m for m in methods if m not in ALL_METHODS]
+    if unknown:  # before --out is created: a typo leaves no empty run directory behind
+        raise ValueError(f"unknown plasticity method(s) {unknown}; known: {list(ALL_METHODS)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     make_tasks = drifting_regression_tasks if suite.regression else permuted_mnist_tasks

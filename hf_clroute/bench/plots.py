@@ -82,15 +82,15 @@ def anytime_curve(results: dict[str, Any], path: Path) -> Path:
 
 
 def shallow_vs_deep(results: dict[str, Any], path: Path) -> Path | None:
-    rows = {m: r for m, r in results["methods"].items() if r.get("shallow_forgetting")}
+    rows = {m: r for m, r in results["methods"].items() if r.get("deep_forgetting") and r.get("BWT")}
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(6.5, 4))
     x = np.arange(len(rows))
-    shallow = [r["shallow_forgetting"]["mean"] * 100 for r in rows.values()]
+    shallow = [-r["BWT"]["mean"] * 100 for r in rows.values()]  # the head's own A_jj - A_Tj
     deep = [r["deep_forgetting"]["mean"] * 100 for r in rows.values()]
-    ax.bar(x - 0.2, shallow, 0.4, label="shallow (own head)")
-    ax.bar(x + 0.2, deep, 0.4, label="deep (linear probe)")
+    ax.bar(x - 0.2, shallow, 0.4, label="head (-BWT)")
+    ax.bar(x + 0.2, deep, 0.4, label="deep (probe over seen classes)")
     ax.set_xticks(x, list(rows), rotation=30, ha="right")
     ax.set(ylabel="forgetting (points)", title=f"{results['suite']}: shallow vs deep forgetting")
     ax.legend(fontsize=8)
@@ -111,6 +111,27 @@ def method_curves(results: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def forgetting_vs_buffer(results: dict[str, Any], path: Path) -> Path | None:
+    """Head (-BWT) and deep (probe) forgetting against the replay buffer size, for rows named ``er-b<size>``."""
+    rows = sorted((int(m[4:]), r) for m, r in results["methods"].items()
+                  if m.startswith("er-b") and m[4:].isdigit() and r.get("deep_forgetting") and r.get("BWT"))
+    if len(rows) < 2:
+        return None
+    sizes = np.array([n for n, _ in rows], dtype=float)
+    x = np.where(sizes > 0, sizes, 1.0)  # buffer 0 drawn at 1 on the log axis
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, get in (("head forgetting (-BWT)", lambda r: -np.array([r["BWT"]["mean"], -r["BWT"]["std"]])),
+                       ("deep forgetting (probe)", lambda r: np.array([r["deep_forgetting"]["mean"], r["deep_forgetting"]["std"]]))):
+        values = np.array([get(r) for _, r in rows]) * 100
+        ax.errorbar(x, values[:, 0], yerr=np.abs(values[:, 1]), marker="o", capsize=3, label=label)
+    ax.set_xscale("log")
+    ax.set_xticks(x, [str(int(n)) for n in sizes])
+    ax.set(xlabel="replay buffer (examples)", ylabel="forgetting (points)",
+           title=f"{results['suite']}: forgetting vs buffer size")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
     """Every plot of a bench run, as PNG files in ``out``; returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
@@ -120,6 +141,7 @@ def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
         anytime_curve(results, out / "anytime_accuracy.png"),
         shallow_vs_deep(results, out / "shallow_vs_deep.png"),
         method_curves(results, out / "method_curves.png"),
+        forgetting_vs_buffer(results, out / "forgetting_vs_buffer.png"),
     ]
     for method, row in results["methods"].items():
         paths.append(accuracy_heatmap(method, row["accuracy_matrix"], out / f"accuracy_matrix_{method}.png"))

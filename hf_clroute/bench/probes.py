@@ -1,13 +1,15 @@
-"""Shallow vs deep forgetting: is old knowledge lost in the features, or misread by the head?
+"""Deep forgetting: is old knowledge lost in the features, or only misread by the head?
 
-Shallow forgetting of task j is the drop of the model's own accuracy,
-A_jj - A_Tj. Deep forgetting is the same drop for a linear probe fitted on the
-model's features of task j's training data (A*_jj - A*_Tj): if the probe still
-separates task j's classes after later tasks, the features kept the knowledge
-and only the head lost it (arXiv:2512.07400). The probe is closed-form ridge
-regression on standardised features with one-hot targets over task j's classes
-— deterministic, no learning rate to tune, and well converged by construction.
-The paper's feature separability SNR is reported beside it.
+After task t, a linear probe is fitted on the model's own features (what its
+classifier reads: ``CLModelOutput.features``, so MaRS's memory output h~ rather
+than the frozen backbone's h) of the training data of every task seen so far,
+over all classes seen so far: the head's own label space. Its accuracy on task
+j's test split is A*_tj. Deep forgetting of task j is A*_jj - A*_Tj, the probe's
+counterpart of the head's forgetting A_jj - A_Tj (arXiv:2512.07400): when the
+head forgets and the probe does not, the features kept the knowledge and only
+the head lost it. The probe is closed-form ridge regression on standardised
+features with one-hot targets: deterministic, no learning rate to tune. The
+paper's feature separability SNR is reported beside it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch.utils.data import DataLoader
 
-from ..data.streams import Experience
 from ..engine import Callback
 from ..outputs import model_inputs
 
@@ -26,11 +27,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..engine import ContinualTrainer
 
 PROBE_RIDGE = 1e-2
+#: training examples per task the probe is fitted on (the features are recomputed at every task end).
+PROBE_TRAIN_PER_TASK = 300
 
 
 @torch.no_grad()
 def model_features(model, dataset, collator: Callable, limit: int | None = None, batch_size: int = 256):
-    """(features, labels) of ``dataset`` as the method sees them (its adapted features)."""
+    """(features, labels) of ``dataset`` as the model's classifier reads them."""
     if limit is not None and len(dataset) > limit:
         dataset = dataset.select(range(limit))
     was_training = model.training
@@ -38,15 +41,15 @@ def model_features(model, dataset, collator: Callable, limit: int | None = None,
     device = next(model.parameters()).device
     feats, labels = [], []
     for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collator):
-        inputs = {k: v.to(device) for k, v in model_inputs(batch).items()}
-        feats.append(model.method.features(model, inputs).float().cpu())
+        out = model(**{k: v.to(device) for k, v in model_inputs(batch).items()})
+        feats.append(out.features.float().cpu())
         labels.append(batch["labels"])
     model.train(was_training)
     return torch.cat(feats), torch.cat(labels)
 
 
 def fit_probe(x: torch.Tensor, y: torch.Tensor, ridge: float = PROBE_RIDGE):
-    """Closed-form ridge probe: returns ``predict(x) -> labels``."""
+    """Closed-form ridge probe over the classes in ``y``: returns ``predict(x) -> labels``."""
     classes = torch.unique(y)
     mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
     z = torch.cat([(x - mean) / std, torch.ones(len(x), 1)], dim=1).double()
@@ -76,31 +79,37 @@ def feature_snr(x: torch.Tensor, y: torch.Tensor) -> float:
     return sum(ratios) / len(ratios) if ratios else 0.0
 
 
-def probe_task(model, experience: Experience, collator: Callable, train_limit: int = 300) -> dict[str, float]:
-    """Linear-probe accuracy and SNR of the model's current features on one task."""
-    x_train, y_train = model_features(model, experience.train, collator, limit=train_limit)
-    x_test, y_test = model_features(model, experience.test, collator)
-    predict = fit_probe(x_train, y_train)
-    accuracy = (predict(x_test) == y_test).double().mean().item()
-    return {"probe_accuracy": accuracy, "snr": feature_snr(x_test, y_test)}
+def probe_seen_tasks(model, experiences: list, collator: Callable,
+                     train_per_task: int = PROBE_TRAIN_PER_TASK) -> list[dict[str, float]]:
+    """One probe over every class of ``experiences`` (the tasks seen so far), scored on each one's test split."""
+    train = [model_features(model, e.train, collator, limit=train_per_task) for e in experiences]
+    predict = fit_probe(torch.cat([x for x, _ in train]), torch.cat([y for _, y in train]))
+    scores = []
+    for experience in experiences:
+        x_test, y_test = model_features(model, experience.test, collator)
+        accuracy = (predict(x_test) == y_test).double().mean().item()
+        scores.append({"probe_accuracy": accuracy, "snr": feature_snr(x_test, y_test)})
+    return scores
 
 
 def forgetting_split(accuracy_matrix, probe_diag, probe_final) -> dict[str, object]:
-    """Per-task and mean shallow (own head) and deep (linear probe) forgetting over tasks j < T."""
+    """Per-task and mean forgetting over tasks j < T of the head (A_jj - A_Tj) and of the probe (deep)."""
     T = len(accuracy_matrix)
-    shallow = [accuracy_matrix[j][j] - accuracy_matrix[T - 1][j] for j in range(T - 1)]
+    head = [accuracy_matrix[j][j] - accuracy_matrix[T - 1][j] for j in range(T - 1)]
     deep = [probe_diag[j] - probe_final[j] for j in range(T - 1)]
     mean = lambda v: sum(v) / len(v) if v else 0.0  # noqa: E731
-    return {"shallow_per_task": shallow, "deep_per_task": deep, "shallow": mean(shallow), "deep": mean(deep)}
+    return {"head_per_task": head, "deep_per_task": deep, "head": mean(head), "deep": mean(deep)}
 
 
 class ForgettingProbes(Callback):
-    """Engine callback: probe task j right after it (``diag``) and every task after the last (``final``)."""
+    """Engine callback: after task t, the probe over tasks 0..t scores task t (``diag``: A*_tt);
+    after the last task it scores every task (``final``: A*_Tj)."""
 
     name = "probes"
 
     def on_task_end(self, trainer: "ContinualTrainer", task_id: int) -> None:
         records = self.records(trainer)
-        records.setdefault("diag", []).append(probe_task(trainer.model, trainer.stream[task_id], trainer.collator))
+        scores = probe_seen_tasks(trainer.model, trainer.stream[: task_id + 1], trainer.collator)
+        records.setdefault("diag", []).append(scores[task_id])
         if task_id == len(trainer.stream) - 1:
-            records["final"] = [probe_task(trainer.model, e, trainer.collator) for e in trainer.stream]
+            records["final"] = scores

@@ -43,4 +43,4 @@ def push_run(run_dir: str | os.PathLike, repo_id: str, *, method: str | None = N
         (stage / "results.json").write_text(json.dumps(one_method, indent=2, sort_keys=True) + "\n")
         adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
         build_card(results, method, repo_id, adapter_config, plots).save(stage / "README.md")
-        return push_folder(stage, repo_id, **kwargs)
+        return push_folder(stage, repo_id, what=f"{run_dir} (adapter {method})", **kwargs)

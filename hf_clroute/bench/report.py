@@ -13,6 +13,11 @@ import re
 from pathlib import Path
 
 from ..io import atomic_write_text
+from .settings import method_file, registered_method
+
+#: closed-form class-statistics heads on frozen features: the strongest simple baselines.
+STATISTICS_HEADS = ("simplecil", "slda", "ranpac", "ncm")
+UPPER_BOUND = "joint"
 
 HEADER = """# Benchmarks
 
@@ -44,7 +49,8 @@ def write_benchmarks(results_root: Path, out: Path) -> Path:
         sections.append(
             f"## {results['suite']}\n\n```bash\n{command}\n```\n\n{table}\n" + (f"\nPlots: {links}\n" if links else "")
         )
-    atomic_write_text(out, HEADER + summary_table(classification) + study_tables(classification) + "\n".join(sections))
+    page = HEADER + controls_table(classification) + summary_table(classification) + study_tables(classification)
+    atomic_write_text(out, page + "\n".join(sections))
     return out
 
 
@@ -92,3 +98,40 @@ def summary_table(every: dict[str, dict]) -> str:
         cells = [_a_t(rows.get(method)) for rows in suites.values()]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n"
+
+
+def _compare(a: dict, b: dict) -> tuple[str, str]:
+    """(difference in points, whether it exceeds the larger of the two stds)."""
+    diff = (a["A_T"]["mean"] - b["A_T"]["mean"]) * 100
+    larger = max(a["A_T"]["std"], b["A_T"]["std"]) * 100
+    verdict = ("better" if diff > 0 else "worse") if abs(diff) > larger else "tie"
+    return f"{diff:+.1f}", f"{verdict} (std {larger:.1f})"
+
+
+def controls_table(every: dict[str, dict]) -> str:
+    """Each method beside its control (the same head and loss without the method's own part, named by
+    ``"control"`` in its settings file) and beside the best class-statistics head, per suite."""
+    suites = {name: rows for name, rows in every.items() if not any(name.startswith(other + "-") for other in every)}
+    lines = []
+    for suite, rows in suites.items():
+        stats = [m for m in rows if m in STATISTICS_HEADS or registered_method(m) in STATISTICS_HEADS]
+        best = max(stats, key=lambda m: rows[m]["A_T"]["mean"]) if stats else None
+        compared = [m for m in rows if method_file(m).get("control") in rows]
+        if not compared:
+            continue
+        lines += [f"### {suite}\n",
+                  "| method | A_T | control | control A_T | method − control | best statistics head | its A_T | "
+                  f"method − head | {UPPER_BOUND} (upper bound) |", "|---|---|---|---|---|---|---|---|---|"]
+        for method in compared:
+            control = method_file(method)["control"]
+            diff, verdict = _compare(rows[method], rows[control])
+            vs_head = " ".join(_compare(rows[method], rows[best])) if best else "—"
+            lines.append(f"| {method} | {_a_t(rows[method])} | {control} | {_a_t(rows[control])} | {diff} {verdict} | "
+                         f"{best or '—'} | {_a_t(rows.get(best))} | {vs_head} | {_a_t(rows.get(UPPER_BOUND))} |")
+        lines.append("")
+    if not lines:
+        return ""
+    intro = ("## Methods against their controls and the strongest simple baseline\n\n"
+             "A_T (%), mean ± std over seeds. A difference is a win or a loss only when it exceeds the larger "
+             "of the two stds; otherwise it is a tie.\n\n")
+    return intro + "\n".join(lines) + "\n"

@@ -10,8 +10,10 @@ Precedence, lowest to highest (a later layer replaces a field an earlier one set
 4. per-suite blocks: ``suites.<key>`` in the method file, for each key of the suite's
    lineage from its farthest ``base`` to the suite itself, then the suite file's own
    ``method_settings.<method>`` block;
-5. explicit overrides (a run config's ``training``, the bench's flags);
-6. the run seed: ``TrainingConfig.seed`` and every adapter-config field named ``seed``
+5. the hyper-parameters ``hf-clroute tune`` chose on the validation split (``selected``:
+   ``{"training.learning_rate": ..., "config.<field>": ...}``);
+6. explicit overrides (a run config's ``training``, the bench's flags; ``config_overrides``);
+7. the run seed: ``TrainingConfig.seed`` and every adapter-config field named ``seed``
    or ending in ``_seed`` (head rows, routers, memories, buffers, PEFT init), so one
    seed drives every random choice of a run.
 
@@ -77,7 +79,8 @@ def registered_method(method: str) -> str:
     return registered if registered == method else registered_method(registered)
 
 
-def resolve_run(suite: Any, method: str, seed: int, overrides: dict[str, Any] | None = None) -> RunSettings:
+def resolve_run(suite: Any, method: str, seed: int, overrides: dict[str, Any] | None = None,
+                config_overrides: dict[str, Any] | None = None, selected: dict[str, Any] | None = None) -> RunSettings:
     """The adapter and training configs of one run; see the module docstring for the precedence."""
     lineage = [*reversed(suite.bases), suite.name]
     layers: list[tuple[str, dict[str, Any]]] = [("suite training", {"config": {}, "training": suite.training})]
@@ -85,7 +88,9 @@ def resolve_run(suite: Any, method: str, seed: int, overrides: dict[str, Any] | 
     own = suite.method_settings.get(method)
     if own:
         layers.append((f"suite {suite.name} method_settings.{method}", own))
-    layers.append(("overrides", {"training": overrides or {}}))
+    if selected:
+        layers.append(("selection (validation)", unflatten(selected)))
+    layers.append(("overrides", {"config": config_overrides or {}, "training": overrides or {}}))
 
     config_fields: dict[str, Any] = {"scenario": suite.scenario}
     training_fields: dict[str, Any] = {}
@@ -137,3 +142,30 @@ def merged_method_settings(method: str, lineage: list[str]) -> dict[str, dict[st
         for part in merged:
             merged[part].update(layer.get(part, {}))
     return merged
+
+
+def unflatten(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{"training.learning_rate": 1e-3, "config.k": 5}`` -> ``{"training": {...}, "config": {...}}``."""
+    layer: dict[str, dict[str, Any]] = {"config": {}, "training": {}}
+    for key, value in values.items():
+        part, _, name = key.partition(".")
+        if part not in layer or not name:
+            raise ValueError(f"setting {key!r} must be 'config.<field>' or 'training.<field>'")
+        layer[part][name] = value
+    return layer
+
+
+def method_search(method: str) -> dict[str, list[Any]]:
+    """The method's own tuning knobs (``"search"`` in its settings file; a variant inherits its method's)."""
+    data = method_file(method)
+    registered = data.get("method", method)
+    inherited = method_search(registered) if registered != method else {}
+    return {**inherited, **data.get("search", {})}
+
+
+def load_selection(path: str | Path, suite: Any) -> dict[str, Any]:
+    """``selection.json`` of ``suite`` (refused when it was tuned on another suite)."""
+    selection = json.loads(Path(path).read_text())
+    if selection.get("suite") != suite.name:
+        raise ValueError(f"selection {path} was tuned on suite {selection.get('suite')!r}, not {suite.name!r}")
+    return selection["methods"]

@@ -36,6 +36,11 @@ class SuiteConfig:
         default=0, metadata={"help": "Keep only classes with at least this many training examples (0 = all)."}
     )
     max_classes: int = field(default=0, metadata={"help": "Keep at most this many classes (0 = all)."})
+    validation_per_class: int = field(
+        default=0,
+        metadata={"help": "Training examples per class held out as the validation split (disjoint from the training "
+                          "stream and from test) on which `hf-clroute tune` chooses hyper-parameters; 0 = none."},
+    )
     train_per_class: int | None = field(default=None, metadata={"help": "Training examples per class (None = all)."})
     test_per_class: int | None = field(default=None, metadata={"help": "Test examples per class (None = all)."})
     max_length: int = field(default=64, metadata={"help": "Token limit for text backbones."})
@@ -181,24 +186,24 @@ def builtin_suites() -> list[str]:
 def build_stream(suite: SuiteConfig, seed: int) -> list:
     """The suite's experiences for one seed (class order and stream order fixed by it)."""
     from ..data.loading import load_labeled_dataset
-    from ..data.streams import class_incremental, classes_with_at_least
+    from ..data.streams import class_incremental
 
-    dsets = load_labeled_dataset(suite.dataset, input_column=suite.input_column, label_column=suite.label_column)
-    classes = None
-    if suite.min_examples_per_class:
-        classes = classes_with_at_least(dsets, suite.min_examples_per_class)
-    if suite.max_classes:
-        classes = (classes or sorted(set(dsets["train"]["label"])))[: suite.max_classes]
     if suite.scenario == "domain":
         raise ValueError("domain-incremental suites take a list of datasets; not supported by SuiteConfig yet")
-    return class_incremental(
+    dsets = load_labeled_dataset(suite.dataset, input_column=suite.input_column, label_column=suite.label_column)
+    stream = class_incremental(
         dsets,
         n_tasks=suite.n_tasks,
         seed=seed,
-        classes=classes,
+        min_examples_per_class=suite.min_examples_per_class,
+        max_classes=suite.max_classes,
         train_per_class=suite.train_per_class,
         test_per_class=suite.test_per_class,
+        validation_per_class=suite.validation_per_class,
     )
+    for experience in stream:  # what an adapter's training history calls this stream
+        experience.info["stream"] = f"{suite.name} (seed {seed})"
+    return stream
 
 
 def resolve_backbone_path(backbone: str) -> str:

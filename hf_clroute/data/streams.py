@@ -499,7 +499,8 @@ def class_incremental(
             rng = _rng(seed, _STREAM_ORDER, t) if split == "train" else None
             parts[split] = _ordered(remapped[split], idx, rng)
         experiences.append(Experience(t, f"{dname}/task{t}", list(range(t * k, (t + 1) * k)),
-                                      parts["train"], parts["test"], {"original_classes": task_classes},
+                                      parts["train"], parts["test"],
+                                      {"original_classes": task_classes, "class_names": names[t * k:(t + 1) * k]},
                                       parts.get("validation")))
     return experiences
 

@@ -3,18 +3,26 @@
 Runs on every process under Accelerate: each process scores its shard and
 ``gather_for_metrics`` drops the samples that were duplicated to even out the
 last batch, so the number is the same with 1 or N processes.
+
+A test split does not change during a run, so its collated batches are kept from
+one evaluation to the next (:class:`EvalCache`, bounded in examples per split and
+in memory overall): the same tensors, so the same scores, without reading,
+decoding and collating the split again at every evaluation.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
 
 from ..data.streams import Experience
 from ..heads import task_mask_logits
@@ -50,13 +58,23 @@ def evaluate_experience(
     *,
     task_classes: list[int] | None = None,
     timer: EvalTimer | None = None,
+    progress: bool = False,
+    desc: str = "eval",
 ) -> float:
-    """Accuracy (fraction) on a classification test split, or perplexity for a causal LM."""
+    """Accuracy (fraction) on a classification test split, or perplexity for a causal LM.
+
+    ``progress`` shows a bar over the split's batches on the main process (left off the screen when done).
+    """
     was_training = model.training
     model.eval()
     start = time.perf_counter()
     total, score, samples = 0.0, 0.0, 0
-    for batch in loader:
+    try:
+        batches = len(loader)
+    except TypeError:  # an iterable loader: no total to show
+        batches = None
+    show = progress and accelerator.is_main_process
+    for batch in tqdm(loader, total=batches, desc=desc, leave=False, disable=not show):
         if model.spec.modality == "lm":
             nll, tokens = accelerator.gather_for_metrics(sequence_nll(model, batch))
             score, total = score + nll.sum().item(), total + tokens.sum().item()
@@ -81,6 +99,85 @@ def evaluate_experience(
     return score / max(total, 1.0)
 
 
-def test_loader(experience: Experience, collator, batch_size: int, accelerator: Accelerator) -> DataLoader:
-    loader = DataLoader(experience.test, batch_size=batch_size, shuffle=False, collate_fn=collator)
+class EvalCache:
+    """The budget for keeping collated test batches between evaluations.
+
+    A split of at most ``max_examples`` examples keeps its batches while all kept
+    batches together fit in ``max_mb``; later batches are read again each time.
+    """
+
+    def __init__(self, max_examples: int = 20_000, max_mb: float = 1024.0) -> None:
+        self.max_examples, self.max_bytes, self.bytes = max_examples, max_mb * 2**20, 0
+
+    def admits(self, dataset: Any) -> bool:
+        try:
+            return 0 < len(dataset) <= self.max_examples and self.max_bytes > 0
+        except TypeError:  # an iterable split: nothing to key batches by
+            return False
+
+    def take(self, nbytes: int) -> bool:
+        if self.bytes + nbytes > self.max_bytes:
+            return False
+        self.bytes += nbytes
+        return True
+
+
+class CollatedOnce(torch.utils.data.Dataset):
+    """A test split that collates each batch once: the DataLoader fetches batches by their
+    indices (``__getitems__``), and a batch asked for again is the one collated before.
+
+    The sampler, sharding over processes and device placement stay the DataLoader's and
+    Accelerate's, so ``gather_for_metrics`` sees the same batches as without the cache.
+    """
+
+    def __init__(self, dataset: Any, collator: Callable, cache: EvalCache) -> None:
+        self.dataset, self.collator, self.cache = dataset, collator, cache
+        self.batches: dict[tuple[int, ...], dict[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Any]:
+        key = tuple(int(i) for i in indices)
+        batch = self.batches.get(key)
+        if batch is None:
+            if hasattr(self.dataset, "__getitems__"):
+                examples = self.dataset.__getitems__(list(key))
+            else:
+                examples = [self.dataset[i] for i in key]
+            batch = self.collator(examples)
+            if self.cache.take(_nbytes(batch)):
+                self.batches[key] = batch
+        return dict(batch)
+
+
+def _nbytes(batch: Any) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.numel() * batch.element_size()
+    if isinstance(batch, dict):
+        return sum(_nbytes(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return sum(_nbytes(v) for v in batch)
+    return 64
+
+
+def _collated(batch: Any) -> Any:
+    """The DataLoader's collate_fn over :class:`CollatedOnce`: its batches come collated."""
+    return batch
+
+
+def test_loader(experience: Experience, collator, batch_size: int, accelerator: Accelerator,
+                cache: EvalCache | None = None, **loader_options: Any) -> DataLoader:
+    """The prepared loader over ``experience.test``; with ``cache``, a split the cache admits
+    is collated once (read in this process: a worker's copy of the cache would be lost),
+    and ``loader_options`` (``num_workers``...) apply to the splits it does not admit."""
+    if cache is not None and cache.admits(experience.test):
+        dataset = CollatedOnce(experience.test, collator, cache)
+        pin = loader_options.get("pin_memory", False)
+        loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=_collated, pin_memory=pin)
+    else:
+        loader = DataLoader(experience.test, batch_size=batch_size, shuffle=False, collate_fn=collator, **loader_options)
     return accelerator.prepare_data_loader(loader)

@@ -1,7 +1,7 @@
 """Classification heads: a trained linear head and closed-form statistics heads."""
 
 from .base import StatisticsHead
-from .factory import HEAD_KINDS, build_head
+from .factory import HEAD_KINDS, build_head, check_head_options, head_parameters
 from .lda import StreamingLDAHead
 from .linear import IncrementalClassifier, task_mask_logits
 from .prototype import PrototypeHead
@@ -15,5 +15,7 @@ __all__ = [
     "StatisticsHead",
     "StreamingLDAHead",
     "build_head",
+    "check_head_options",
+    "head_parameters",
     "task_mask_logits",
 ]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any, ClassVar
 
 import torch
@@ -39,9 +40,10 @@ class StatisticsHead(nn.Module):
 
     Stored statistics and the solution are persistent float64 buffers, so
     ``state_dict`` saves them (e.g. with safetensors) and a load restores the
-    logits bit for bit. Pending sums are plain tensors, not buffers: they are
-    local to a process until :meth:`sync`, are not saved, and are not
-    broadcast by wrappers such as DistributedDataParallel.
+    logits bit for bit (``load_state_dict`` needs a head of the checkpoint's
+    shape: :meth:`load_extra_state` resizes it first). Pending sums are plain
+    tensors, not buffers: they are local to a process until :meth:`sync`, are
+    not saved, and are not broadcast by wrappers such as DistributedDataParallel.
     """
 
     kind: ClassVar[str] = ""
@@ -52,13 +54,20 @@ class StatisticsHead(nn.Module):
         self._pending: dict[str, torch.Tensor] = {}
         self._configure(**settings)
         self._allocate(check_int("num_classes", num_classes, minimum=0))
-        # A checkpoint of a larger head loads into a smaller one by growing it first.
-        self.register_load_state_dict_pre_hook(_grow_to_checkpoint)
 
     # -- subclass interface -------------------------------------------------------------
 
     def _configure(self, **settings: Any) -> None:
-        """Validate and store the non-tensor settings (constructor keywords)."""
+        """Validate and store the non-tensor settings (constructor keywords).
+
+        Only validates and sets attributes (no buffers, no other methods), so
+        :meth:`check_settings` can run it without building a head.
+        """
+
+    @classmethod
+    def check_settings(cls, **settings: Any) -> None:
+        """Raise ``ValueError`` unless ``settings`` (every setting keyword) are valid; allocates nothing."""
+        cls._configure(SimpleNamespace(), **settings)  # type: ignore[arg-type]
 
     def settings(self) -> dict[str, Any]:
         """The non-tensor settings, as constructor keywords (JSON-serialisable)."""
@@ -246,14 +255,6 @@ def _padded(old: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     new = old.new_zeros(shape)
     new[tuple(slice(0, n) for n in old.shape)] = old
     return new
-
-
-def _grow_to_checkpoint(
-    module: StatisticsHead, state_dict: dict, prefix: str, *args: object
-) -> None:
-    stored = state_dict.get(prefix + "counts")
-    if stored is not None and stored.shape[0] > module.num_classes:
-        module.grow(stored.shape[0])
 
 
 # -- option validation (clear errors naming the option) -----------------------------------

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 from torch import nn
 
+from .base import StatisticsHead, check_int
 from .lda import StreamingLDAHead
 from .linear import IncrementalClassifier
 from .prototype import PrototypeHead
@@ -21,20 +23,46 @@ HEAD_CLASSES: dict[str, type[nn.Module]] = {
 HEAD_KINDS: tuple[str, ...] = tuple(HEAD_CLASSES)
 
 
+def head_parameters(kind: str) -> dict[str, inspect.Parameter]:
+    """The constructor keywords of a ``kind`` head (all but ``in_features``), with their defaults."""
+    if kind not in HEAD_CLASSES:
+        raise ValueError(f"unknown head kind {kind!r}; known kinds: {', '.join(HEAD_KINDS)}")
+    params = inspect.signature(HEAD_CLASSES[kind]).parameters
+    return {name: p for name, p in params.items() if name != "in_features"}
+
+
+def check_head_options(kind: str, options: Mapping[str, Any]) -> None:
+    """Raise ``ValueError`` (naming the option) unless ``options`` are valid for a ``kind`` head.
+
+    Builds no head: a statistics head's settings are checked as its constructor
+    checks them, so a large one (a RanPAC Gram matrix) is never allocated.
+    """
+    allowed = head_parameters(kind)
+    _check_known(kind, options, allowed)
+    cls = HEAD_CLASSES[kind]
+    if issubclass(cls, StatisticsHead):
+        defaults = {n: p.default for n, p in allowed.items() if n != "num_classes"}
+        cls.check_settings(**{**defaults, **{n: v for n, v in options.items() if n != "num_classes"}})
+        if "num_classes" in options:
+            check_int("num_classes", options["num_classes"], minimum=0)
+    else:
+        cls(1, **options)  # a linear head with no outputs yet costs nothing
+
+
 def build_head(kind: str, in_features: int, **options: Any) -> nn.Module:
     """A head of ``kind`` ("linear", "prototype", "lda" or "ranpac") over ``in_features``.
 
     ``options`` are the head's constructor keywords (e.g. ``num_classes``,
     ``shrinkage``); an unknown kind or option raises ``ValueError``.
     """
-    if kind not in HEAD_CLASSES:
-        raise ValueError(f"unknown head kind {kind!r}; known kinds: {', '.join(HEAD_KINDS)}")
-    cls = HEAD_CLASSES[kind]
-    allowed = [name for name in inspect.signature(cls).parameters if name != "in_features"]
+    _check_known(kind, options, head_parameters(kind))
+    return HEAD_CLASSES[kind](in_features, **options)
+
+
+def _check_known(kind: str, options: Mapping[str, Any], allowed: Mapping[str, Any]) -> None:
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         raise ValueError(
             f"unknown option(s) {', '.join(unknown)} for head kind {kind!r}; "
             f"allowed: {', '.join(allowed)}"
         )
-    return cls(in_features, **options)

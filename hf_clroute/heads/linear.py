@@ -8,6 +8,9 @@ Growing replaces the ``weight``/``bias`` Parameters (a tensor cannot be
 resized in place under autograd), so an optimizer built before ``grow`` holds
 stale tensors: the engine rebuilds the optimizer at every task start, after
 growing the head.
+
+``load_state_dict`` needs a head of the checkpoint's size: grow it first
+(``CLModel.load_extra_state`` does, from the saved number of classes).
 """
 
 from __future__ import annotations
@@ -39,8 +42,6 @@ class IncrementalClassifier(nn.Module):
         self.in_features = in_features
         self.weight = nn.Parameter(torch.empty(0, in_features))
         self.bias = nn.Parameter(torch.empty(0)) if bias else None
-        # A checkpoint of a larger head loads into a smaller one by growing it first.
-        self.register_load_state_dict_pre_hook(_grow_to_checkpoint)
         self.grow(num_classes, generator=generator)
 
     @property
@@ -75,14 +76,6 @@ class IncrementalClassifier(nn.Module):
             f"in_features={self.in_features}, num_classes={self.num_classes}, "
             f"bias={self.bias is not None}"
         )
-
-
-def _grow_to_checkpoint(
-    module: IncrementalClassifier, state_dict: dict, prefix: str, *args: object
-) -> None:
-    stored = state_dict.get(prefix + "weight")
-    if stored is not None and stored.shape[0] > module.num_classes:
-        module.grow(stored.shape[0])
 
 
 def task_mask_logits(logits: torch.Tensor, classes: list[int] | None) -> torch.Tensor:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import CLConfig
-from ..heads import task_mask_logits
+from ..heads import StatisticsHead, task_mask_logits
 from ..outputs import CLModelOutput, model_inputs
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -134,6 +134,8 @@ class ContinualMethod(nn.Module):
             # rows get no push-down from new samples: the recency bias of a shared class-IL head.
             # A one-class task keeps every class (a one-logit softmax has no gradient).
             logits = task_mask_logits(logits, sorted(set(self.task_classes) | set(labels.tolist())))
+        if isinstance(model.head, StatisticsHead):
+            return cross_entropy_over_scored(logits, labels)
         return F.cross_entropy(logits, labels)
 
     def extra_losses(
@@ -181,6 +183,21 @@ class ContinualMethod(nn.Module):
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`extra_state`; called *before* tensors load, so modules can be resized."""
+
+
+def cross_entropy_over_scored(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the samples whose own class has a finite logit.
+
+    A statistics head scores a class with no examples yet as ``-inf`` (its statistics
+    fold in at the next sync, so on a task's first batches its new classes have none):
+    plain cross-entropy would be ``inf`` there and its gradient NaN. Such samples are
+    left out; a batch of only such samples gives a zero loss with a zero gradient.
+    No device sync: the mask is applied with ``where``, not by indexing.
+    """
+    scored = torch.isfinite(logits.gather(1, labels.unsqueeze(1))).squeeze(1)
+    safe = torch.where(scored.unsqueeze(1), logits, torch.zeros_like(logits))
+    per_sample = F.cross_entropy(safe, labels, reduction="none")
+    return torch.where(scored, per_sample, torch.zeros_like(per_sample)).sum() / scored.sum().clamp(min=1)
 
 
 def language_model_loss(model: "CLModel", logits: torch.Tensor, labels: torch.Tensor, current_task: bool) -> torch.Tensor:

@@ -1,0 +1,181 @@
+"""The fast paths change no number: decoded images, DataLoader workers, the evaluation cache."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+import torch
+from accelerate import Accelerator
+from datasets import Dataset, Features, Image, Value
+from torch.utils.data import DataLoader
+from transformers import ViTImageProcessor, ViTModel
+
+from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
+from hf_clroute.backbones import tiny_vit_config
+from hf_clroute.baselines import FinetuneConfig
+from hf_clroute.data import ImageCollator, class_incremental, load_source
+from hf_clroute.data.collate import decode_images, decode_stream
+from hf_clroute.engine import make_accelerator
+from hf_clroute.engine.evaluation import CollatedOnce, EvalCache
+from hf_clroute.engine.trainer import OrderedStream, release_prepared, training_loader
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return class_incremental(
+        load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=20, test_per_class=10, name="mnist"
+    )
+
+
+def _png_dataset(n: int = 6, size: int = 20, mode: str = "RGB") -> Dataset:
+    """Colour (and palette) PNGs of an odd size, so the collator must convert and resize them."""
+    import io
+
+    from PIL import Image as PILImage
+
+    rng = np.random.default_rng(0)
+    images = []
+    for i in range(n):
+        pixels = rng.integers(0, 256, size=(size, size + i, 3), dtype=np.uint8)
+        image = PILImage.fromarray(pixels).convert(mode)
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+        images.append({"bytes": buffer.getvalue(), "path": None})
+    return Dataset.from_dict({"image": images, "label": list(range(n))},
+                             features=Features({"image": Image(), "label": Value("int64")}))
+
+
+COLLATORS = {
+    "gray-28": lambda: ImageCollator(28, num_channels=1, mean=0.5, std=0.5),
+    "rgb-16": lambda: ImageCollator(16, num_channels=3, mean=[0.5] * 3, std=[0.5] * 3),
+    "vit-b16-224": lambda: ImageCollator.from_processor(
+        ViTImageProcessor(size={"height": 224, "width": 224}, image_mean=[0.5] * 3, image_std=[0.5] * 3)),
+}
+
+
+def _reference(collator: ImageCollator, dataset) -> torch.Tensor:
+    """The PNG path image by image, as the collator computed it before its batch fast path."""
+    pixels = torch.stack([collator.to_tensor(ex[collator.image_column]) for ex in dataset])
+    return (pixels - collator.mean) / collator.std
+
+
+@pytest.mark.parametrize("name", sorted(COLLATORS))
+def test_decoded_images_give_bit_identical_pixel_values(stream, name):
+    collator = COLLATORS[name]()
+    for png in (stream[0].test, _png_dataset(), _png_dataset(mode="P"), _png_dataset(mode="L")):
+        decoded = decode_images(png, collator)
+        assert decoded.num_rows == png.num_rows and decoded.column_names == png.column_names
+        reference = _reference(collator, png)
+        for examples in (list(png), list(decoded), list(decoded.with_format("torch")), list(decoded.with_format(None))):
+            pixels = collator(examples)["pixel_values"]
+            assert pixels.dtype == torch.float32 and pixels.is_contiguous()
+            assert torch.equal(pixels, reference)
+        assert collator(list(decoded))["labels"].tolist() == list(png["label"])
+        assert collator._ready_batch([ex["image"] for ex in decoded]) is not None  # no PIL, one step
+
+
+def test_decode_stream_keeps_the_stream(stream):
+    collator = COLLATORS["rgb-16"]()
+    decoded = decode_stream(stream, collator)
+    for before, after in zip(stream, decoded, strict=True):
+        assert (after.task_id, after.classes, after.info) == (before.task_id, before.classes, before.info)
+        assert list(after.train["label"]) == list(before.train["label"])
+        assert torch.equal(collator(list(after.train))["pixel_values"], collator(list(before.train))["pixel_values"])
+
+
+def test_torch_format_images_are_read_channels_first(stream):
+    collator = COLLATORS["gray-28"]()
+    png = stream[0].test
+    assert torch.equal(collator(list(png.with_format("torch")))["pixel_values"], _reference(collator, png))
+
+
+def _batches(loader) -> list[tuple[list, list]]:
+    return [(b["pixel_values"].flatten(1).sum(1).tolist(), b["labels"].tolist()) for b in loader]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_ordered_stream_gives_the_same_batches_for_any_number_of_workers(stream, epochs):
+    collator = COLLATORS["gray-28"]()
+    data = stream[0].train_stream(epochs=epochs)  # 40 examples a pass: batches of 6 leave a short last one
+    plain = _batches(DataLoader(data, batch_size=6, collate_fn=collator))
+    assert len(plain) == -(-40 * epochs // 6)
+    for workers in (0, 1, 2, 3):
+        loader = DataLoader(OrderedStream(data, 6, chunk_size=16), batch_size=6, collate_fn=collator,
+                            num_workers=workers)
+        assert _batches(loader) == plain, workers
+    config = TrainingConfig(batch_size=6, num_workers=2, progress=False)
+    assert _batches(training_loader(data, collator, config, torch.device("cpu"))) == plain
+
+
+def _fit(stream, **training):
+    config = TrainingConfig(**{"batch_size": 8, "learning_rate": 1e-3, "progress": False, "eval_every": 2, **training})
+    torch.manual_seed(0)
+    model = get_cl_model(ViTModel(tiny_vit_config()), FinetuneConfig())
+    cfg = tiny_vit_config()
+    collator = ImageCollator(cfg.image_size, num_channels=cfg.num_channels)
+    trainer = ContinualTrainer(model, stream, config, collator, make_accelerator(config, cpu=True))
+    result = trainer.fit()
+    weights = [p.detach().clone() for p in model.trainable_parameters()]
+    return (result.accuracy_matrix, result.anytime, result.untrained_accuracy), weights, trainer
+
+
+def test_workers_eval_cache_and_decoded_images_change_no_number(stream):
+    reference, weights, trainer = _fit(stream, num_workers=0, eval_cache_examples=0)
+    assert not any(isinstance(loader.dataset, CollatedOnce) for loader in trainer._test_loaders.values())
+    cached, cached_weights, cached_trainer = _fit(stream, num_workers=0)
+    assert all(isinstance(loader.dataset, CollatedOnce) and loader.dataset.batches
+               for loader in cached_trainer._test_loaders.values())
+    runs = [(cached, cached_weights), _fit(stream, num_workers=1, eval_cache_examples=0)[:2],
+            _fit(stream, num_workers=2)[:2]]
+    cfg = tiny_vit_config()
+    runs.append(_fit(decode_stream(stream, ImageCollator(cfg.image_size, num_channels=cfg.num_channels)))[:2])
+    for numbers, trained in runs:
+        assert numbers == reference  # accuracy matrix, anytime accuracy, untrained accuracy: bit-identical
+        assert all(torch.equal(a, b) for a, b in zip(trained, weights, strict=True))
+
+
+def test_eval_cache_is_bounded(stream):
+    collator = COLLATORS["gray-28"]()
+    test = stream[0].test  # 20 examples
+    assert not EvalCache(max_examples=19).admits(test) and EvalCache(max_examples=20).admits(test)
+    assert not EvalCache(max_mb=0).admits(test)
+    one_batch = 8 * 28 * 28 * 4 + 8 * 8  # pixel_values + labels of a batch of 8
+    cache = EvalCache(max_mb=1.2 * one_batch / 2**20)
+    dataset = CollatedOnce(test, collator, cache)
+    loader = DataLoader(dataset, batch_size=8, collate_fn=lambda b: b)
+    first, second = _batches(loader), _batches(loader)
+    assert first == second == _batches(DataLoader(test, batch_size=8, collate_fn=collator))
+    assert len(dataset.batches) == 1 and cache.bytes == one_batch <= cache.max_bytes
+
+
+def test_task_end_drops_prepared_objects_without_a_full_collection(monkeypatch):
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model, optimizer, _ = accelerator.prepare(model, optimizer, DataLoader(list(range(4)), batch_size=2))
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    assert optimizer.state and accelerator._optimizers
+    collections = []
+    monkeypatch.setattr(gc, "collect", lambda *a: collections.append(a) or 0)
+    release_prepared(accelerator, optimizer)
+    assert not collections
+    assert not optimizer.state  # the moments are freed now, not at the next collection
+    assert (accelerator._models, accelerator._optimizers, accelerator._dataloaders, accelerator.step) == ([], [], [], 0)
+
+
+def test_dataloader_settings_are_validated_and_auto_workers_leave_a_core(monkeypatch):
+    for bad in ({"num_workers": -2}, {"num_workers": 1.5}, {"prefetch_factor": 0}, {"pin_memory": "yes"},
+                {"eval_cache_examples": -1}, {"eval_cache_mb": -1}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            TrainingConfig(**bad)
+    for cores, workers in ((1, 0), (2, 0), (3, 2), (4, 3), (16, 4)):
+        monkeypatch.setattr("os.sched_getaffinity", lambda pid, n=cores: set(range(n)))
+        assert TrainingConfig().workers == workers
+    assert TrainingConfig(num_workers=3).workers == 3
+    options = TrainingConfig(num_workers=2, prefetch_factor=4).loader_options(torch.device("cpu"))
+    assert options["num_workers"] == 2 and options["prefetch_factor"] == 4 and options["pin_memory"] is False
+    assert "prefetch_factor" not in TrainingConfig(num_workers=0).loader_options(torch.device("cpu"))
