@@ -46,20 +46,20 @@ class ClassInfo:
     named: bool
 
 
-def _label_feature(experience: "Experience") -> Any:
+def _label_feature(experience: Experience) -> Any:
     features = getattr(getattr(experience, "train", None), "features", None) or {}
     return features.get("label") if hasattr(features, "get") else None
 
 
-def _info(experience: "Experience") -> dict[str, Any]:
+def _info(experience: Experience) -> dict[str, Any]:
     return getattr(experience, "info", None) or {}
 
 
-def _name(experience: "Experience") -> str:
+def _name(experience: Experience) -> str:
     return str(getattr(experience, "name", None) or f"task {getattr(experience, 'task_id', '?')}")
 
 
-def experience_classes(experience: "Experience") -> list[ClassInfo]:
+def experience_classes(experience: Experience) -> list[ClassInfo]:
     """The classes an experience introduces, with names and the dataset's own label ids.
 
     Names come from ``info['class_names']`` (set by the stream builders), else from the
@@ -99,7 +99,7 @@ def _describe(config: CLConfig) -> str:
     return f"the adapter's classes by id are {labels_in_order(config)}{order}"
 
 
-def record_labels(config: CLConfig, experience: "Experience", stream: str | None = None) -> None:
+def record_labels(config: CLConfig, experience: Experience, stream: str | None = None) -> None:
     """Add an experience's classes to ``config``'s labels and history; refuse a collision.
 
     A collision is a head id the adapter knows under another name, or a known name
@@ -154,8 +154,8 @@ def copy_labels(source: CLConfig, target: CLConfig) -> None:
     target._normalise_labels()
 
 
-def align_stream(stream: Sequence["Experience"], config: CLConfig, *, allow_new: bool = True,
-                 what: str = "the stream") -> list["Experience"]:
+def align_stream(stream: Sequence[Experience], config: CLConfig, *, allow_new: bool = True,
+                 what: str = "the stream") -> list[Experience]:
     """``stream`` with its classes renumbered onto the labels ``config`` records, matched by name.
 
     A class the adapter knows keeps the adapter's id; with ``allow_new`` a new class gets the
@@ -205,7 +205,7 @@ def align_stream(stream: Sequence["Experience"], config: CLConfig, *, allow_new:
     return [_relabel(e, mapping, {**known, **names}) for e in stream]
 
 
-def _relabel(experience: "Experience", mapping: dict[int, int], names: dict[int, str]) -> "Experience":
+def _relabel(experience: Experience, mapping: dict[int, int], names: dict[int, str]) -> Experience:
     from datasets import ClassLabel, Dataset
 
     if not experience.classes or not all(int(c) in mapping for c in experience.classes):

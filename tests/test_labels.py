@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -86,7 +87,7 @@ def test_labels_are_recorded_pushed_and_scored_by_name(trained, suites, hub_serv
     assert [h["classes"] for h in config["training_history"]] == [e.info["class_names"] for e in stream]
 
     assert main(["push", str(trained), "--repo-id", hub_repo_id, "--method", "ncm"]) == 0
-    card = open(hf_hub_download(hub_repo_id, "README.md")).read()
+    card = Path(hf_hub_download(hub_repo_id, "README.md")).read_text()
     table = [f"| {i} | {FASHION.int2str(c)} | {c} |" for i, c in enumerate(order)]
     assert all(row in card for row in table) and card.index(table[0]) < card.index(table[-1])
 
@@ -132,7 +133,7 @@ def test_continue_from_the_hub_appends_new_classes(trained, suites, hub_server, 
     assert streams == ["fashion-4 (seed 0)"] * 2 + ["fashion-6 (seed 0)"] * 2
 
     assert main(["push", str(out), "--repo-id", hub_repo_id, "--method", "finetune"]) == 0
-    card = open(hf_hub_download(hub_repo_id, "README.md", force_download=True)).read()
+    card = Path(hf_hub_download(hub_repo_id, "README.md", force_download=True)).read_text()
     assert "stream `fashion-4 (seed 0)`" in card and "stream `fashion-6 (seed 0)`" in card
     assert f"Continued from:** `{hub_repo_id}`" in card and "| 5 | " in card
     model = CLModel.from_pretrained(load_suite_backbone(SuiteConfig.load(suites["six"]))[0], hub_repo_id,
@@ -190,7 +191,6 @@ def test_run_config_from_adapter_continues_and_resumes(trained, suites, tmp_path
     ends with the old classes, the new ones after them, and each task once in its history."""
     import argparse
     import importlib.util
-    from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "training" / "train_continual.py"
     spec = importlib.util.spec_from_file_location("train_continual", script)

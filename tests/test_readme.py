@@ -39,7 +39,7 @@ SKIPPED = {
 #: quick-size rewrites: (regex on the command, replacement, why)
 REWRITES = [
     (r"^(hf-clroute bench --suite split-mnist --quick --seeds 0 --out runs/quick)$", r"\1 --methods ncm",
-     "every method of the suite is ~15 minutes on 2 cores; the commands after it read only the ncm adapter"),
+     "every method of the suite takes many minutes on 2 cores; the commands after it read only the ncm adapter"),
     (r"hf-clroute bench (?!.*--quick)", "hf-clroute bench --quick ",
      "a full-size bench takes minutes: run at the suite's quick sizes"),
 ]
@@ -49,7 +49,7 @@ def readme_blocks() -> list[list[str]]:
     """The commands of each ```bash block: comments dropped, backslash continuations joined."""
     text = (REPO / "README.md").read_text()
     blocks = []
-    for body in re.findall(r"^```bash\n(.*?)^```", text, flags=re.S | re.M):
+    for body in re.findall(r"^```bash\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE):
         commands, pending = [], ""
         for line in body.splitlines():
             line = pending + line.strip()
@@ -136,7 +136,8 @@ def test_readme_block_runs(workspace, index):
     work, env = workspace
     script, notes = block_script(readme_blocks()[index])
     print("\n".join(notes))
-    done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=900,
+                          check=False)
     print("\n".join(line for line in done.stderr.splitlines() if line.startswith("[readme]")))
     assert done.returncode == 0, (
         f"README block {index} failed (exit {done.returncode}):\n{script}\n--- output (tail) ---\n"

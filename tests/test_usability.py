@@ -7,6 +7,7 @@ import argparse
 import logging
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +20,12 @@ from hf_clroute.backbones import load_backbone, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig
 from hf_clroute.cli import build_parser, main
 from hf_clroute.data import Experience
-from hf_clroute.io import HubPushError, atomic_write_text, looks_local, resolve_pretrained_dir
+from hf_clroute.io import (
+    HubPushError,
+    atomic_write_text,
+    looks_local,
+    resolve_pretrained_dir,
+)
 from hf_clroute.methods.base import StepContext
 from hf_clroute.methods.rwf import RwfConfig
 from hf_clroute.model import CLModel
@@ -76,7 +82,7 @@ def _labelled_model() -> CLModel:
 def test_python_push_uploads_a_minimal_card(hub_server, hub_repo_id):
     _labelled_model().push_to_hub(hub_repo_id)
     assert "README.md" in list_repo_files(hub_repo_id)
-    card = open(hf_hub_download(hub_repo_id, "README.md")).read()
+    card = Path(hf_hub_download(hub_repo_id, "README.md")).read_text()
     assert "library_name: hf_clroute" in card and "**finetune**" in card
     assert "| 0 | cat | 0 |" in card and "| 1 | dog | 1 |" in card and "task `pets/task0`" in card
 
