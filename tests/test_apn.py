@@ -272,3 +272,52 @@ def test_charlm_runner_end_to_end_on_a_tiny_suite(tmp_path):
     assert merged["methods"]["dense-ffn"]["retention"]["mean"] == pytest.approx(sum(r["retention"] for r in rows) / 2)
     assert [r["seed"] for r in merged["methods"]["apn-ffn"]["per_seed"]] == [0]
     assert "throughput_ratio" in merged and "patch_overlap" in merged["methods"]["apn-ffn"]
+
+
+def test_charlm_suite_with_local_text_domains(tmp_path):
+    """Any text is a domain: a local .txt file and a {"train", "test", "name"} mapping of .txt files,
+    shown under readable names; a missing file is refused before training, naming it."""
+    import json
+
+    from hf_clroute.bench.lm import run
+
+    poem = tmp_path / "poems.txt"
+    poem.write_text("".join(f"the rose is red and the sky is blue, line {i}\n" for i in range(200)))
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "a.txt").write_text("".join(f"INFO step={i} loss={i / 7:.3f} ok\n" for i in range(200)))
+    (tmp_path / "logs" / "b.txt").write_text("".join(f"WARN step={i} grad={i / 3:.2f}\n" for i in range(40)))
+    suite = {
+        "name": "my-texts", "runner": "charlm",
+        "domains": [str(poem), {"train": str(tmp_path / "logs" / "a.txt"), "test": str(tmp_path / "logs" / "b.txt"),
+                                "name": "server-logs"}],
+        "model": {"n_layer": 1, "n_embd": 16, "n_head": 2}, "block_size": 32, "train_chars": 2000, "test_chars": 400,
+        "training": {"batch_size": 8, "learning_rate": 0.003}, "methods": ["dense-all"],
+    }
+    path = tmp_path / "suite.json"
+    path.write_text(json.dumps(suite))
+    results = run(str(path), methods=None, seeds=[0], quick=False, out=tmp_path / "out")
+    assert results["config"]["domain_names"] == ["poems", "server-logs"]
+    P = results["methods"]["dense-all"]["ppl_matrix"]
+    assert len(P) == 2 and all(x > 1 for row in P for x in row)
+    assert "| poems |" in (tmp_path / "out" / "results.md").read_text()
+
+    suite["domains"] = [str(poem), str(tmp_path / "missing.txt")]
+    path.write_text(json.dumps(suite))
+    with pytest.raises(ValueError, match="missing.txt"):
+        run(str(path), methods=None, seeds=[0], quick=False, out=tmp_path / "out2")
+    assert not (tmp_path / "out2" / "results.json").exists()
+
+
+def test_renamed_copy_of_the_charlm_suite_keeps_its_apn_settings(tmp_path):
+    import json
+
+    from hf_clroute.bench.lm import CharLMSuite, apn_settings
+
+    path = tmp_path / "my-charlm.json"
+    path.write_text(json.dumps({"name": "my-charlm", "base": "charlm-domains"}))
+    original, copy = CharLMSuite.load("charlm-domains"), CharLMSuite.load(str(path))
+    assert copy.bases == ["charlm-domains"]
+    from hf_clroute.bench.settings import merged_method_settings
+
+    assert apn_settings(copy) == apn_settings(original) != merged_method_settings("apn", [])["config"]
+    assert apn_settings(copy)["num_patches"] == 64  # the charlm-domains block, not the method file's 256

@@ -87,6 +87,32 @@ def test_resume_equals_uninterrupted(stream, tmp_path):
     assert resumed.anytime == full.anytime
 
 
+def test_resume_refuses_a_checkpoint_from_another_run(stream, tmp_path):
+    """A checkpoint stores the run's seed, method, adapter config and suite; resuming with any of them
+    changed is refused with an error naming the field and both values, before any step is taken."""
+    ckpt = tmp_path / "ckpt"
+
+    def trainer(method_config, seed=0, suite="split-mnist", **training):
+        config = TrainingConfig(batch_size=8, learning_rate=1e-3, progress=False, seed=seed, checkpoint_every=3,
+                                **training)
+        model = get_cl_model(tiny_backbone(), method_config)
+        return ContinualTrainer(model, stream, config, collator(), make_accelerator(config, cpu=True),
+                                run_info={"suite": suite})
+
+    trainer(FinetuneConfig(), checkpoint_dir=str(ckpt), stop_after_steps=4).fit()
+    other = str(tmp_path / "other")
+    with pytest.raises(ValueError, match=r"seed is 0 there but 1 in this run"):
+        trainer(FinetuneConfig(), seed=1, checkpoint_dir=other).fit(resume_from=ckpt)
+    with pytest.raises(ValueError, match=r"method is 'finetune' there but 'ncm' in this run"):
+        trainer(NCMConfig(), checkpoint_dir=other).fit(resume_from=ckpt)
+    with pytest.raises(ValueError, match=r"adapter config field 'freeze_backbone' is False there but True in this run"):
+        trainer(FinetuneConfig(freeze_backbone=True), checkpoint_dir=other).fit(resume_from=ckpt)
+    with pytest.raises(ValueError, match=r"suite is 'split-mnist' there but 'split-fashion' in this run"):
+        trainer(FinetuneConfig(), suite="split-fashion", checkpoint_dir=other).fit(resume_from=ckpt)
+    assert not Path(other).exists()  # refused before training wrote anything
+    assert trainer(FinetuneConfig(), checkpoint_dir=other).fit(resume_from=ckpt).finished  # the same run resumes
+
+
 def test_scenario_task_masks_to_task_classes(stream):
     _, task_il = fit(FinetuneConfig(scenario="task"), stream)
     _, class_il = fit(FinetuneConfig(), stream)

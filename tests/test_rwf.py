@@ -1,4 +1,4 @@
-"""RwF: Hopfield routing prompts on ViT, BERT and the GPT-2 char-LM (issue 4).
+"""RwF: Hopfield routing prompts on ViT, BERT and the GPT-2 char-LM.
 
 Tiny backbones are built in code; the MiniLM test reads the real pretrained
 checkpoint shipped as a pip package; the engine test reads real MNIST.
@@ -14,7 +14,7 @@ from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
 from hf_clroute.backbones import char_lm_config, get_blocks, load_backbone, offline_model_path, tiny_bert_config, tiny_vit_config
 from hf_clroute.baselines.finetune import FinetuneConfig
 from hf_clroute.data import ImageCollator, class_incremental, load_source
-from hf_clroute.engine import make_accelerator
+from hf_clroute.engine import Callback, make_accelerator
 from hf_clroute.methods.rwf import HopfieldRouter, RoutedAttention, RwfConfig
 from hf_clroute.model import CLModel
 from hf_clroute.bench.settings import resolve_run
@@ -78,7 +78,11 @@ def capture_attention_lengths(model: CLModel) -> list[tuple[int, int]]:
     "kwargs, field",
     [
         ({"num_prompts": 0}, "num_prompts"),
-        ({"beta": -1.0}, "beta"),
+        ({"beta": -1.0, "routing": "dot"}, "beta"),
+        ({"beta": 0.5}, "beta"),  # beta is the dot routing's; cosine routing has a temperature
+        ({"routing": "l2"}, "routing"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"train_routers_for_tasks": -1}, "train_routers_for_tasks"),
         ({"routed_layers": [0, 0]}, "routed_layers"),
         ({"routed_layers": []}, "routed_layers"),
         ({"query_mode": "dynamic"}, "query_mode"),
@@ -193,7 +197,7 @@ def test_causal_lm_generates_and_refuses_a_stale_cache():
 
 
 def router_and_tokens(**overrides) -> tuple[HopfieldRouter, torch.Tensor]:
-    config = RwfConfig(num_prompts=4, key_init="orthogonal", value_init="orthogonal", **overrides)
+    config = RwfConfig(**{"num_prompts": 4, "key_init": "orthogonal", "value_init": "orthogonal", "routing": "dot", **overrides})
     router = HopfieldRouter(16, config, seed=5).double()
     tokens = torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     return router, tokens
@@ -421,3 +425,149 @@ def test_current_task_loss_reaches_the_char_lm():
         out.loss.backward()
         grads[flag] = model.backbone.lm_head.weight.grad[30].abs().sum().item()
     assert grads[True] == 0.0 and grads[False] > 0.0
+
+
+# ---------------------------------------------------------------------------- cosine routing and its health
+
+
+def layer_normed_tokens(batch: int = 16, length: int = 17, dim: int = 32, seed: int = 11) -> torch.Tensor:
+    tokens = torch.randn(batch, length, dim, generator=torch.Generator().manual_seed(seed))
+    return torch.nn.functional.layer_norm(tokens, (dim,))
+
+
+def health_of(router: HopfieldRouter, tokens: torch.Tensor) -> dict[str, float]:
+    from hf_clroute.methods.rwf.hopfield import RoutingHealth
+
+    router.health = RoutingHealth()
+    with torch.no_grad():
+        router(tokens)
+    summary, router.health = router.health.summary(), None
+    return summary
+
+
+def test_cosine_routing_is_softmax_of_cosines_over_temperature():
+    router = HopfieldRouter(32, RwfConfig(num_prompts=4, temperature=0.2), seed=3)
+    tokens = layer_normed_tokens(batch=2)
+    with torch.no_grad():
+        weights = router.routing_weights(tokens)[:, 0]
+        cos = torch.nn.functional.cosine_similarity(router.query()[None, :, None, :], tokens[:, None, :, :], dim=-1)
+    torch.testing.assert_close(weights, torch.softmax(cos / 0.2, dim=-1))
+
+
+def test_cosine_routing_stays_soft_when_queries_grow_and_dot_routing_collapses():
+    """Training grows the query norms; dot routing's softmax then picks one token per prompt (the
+    measured collapse), cosine routing's does not move at all."""
+    tokens = layer_normed_tokens()
+    cosine = HopfieldRouter(32, RwfConfig(num_prompts=8), seed=0)
+    dot = HopfieldRouter(32, RwfConfig(num_prompts=8, routing="dot"), seed=0)
+    before = health_of(cosine, tokens)
+    with torch.no_grad():
+        for router in (cosine, dot):
+            router.queries.mul_(8.0)
+    after, collapsed = health_of(cosine, tokens), health_of(dot, tokens)
+    assert after == pytest.approx(before)
+    assert after["entropy_ratio"] > 0.5 and after["top_weight"] < 0.5
+    assert collapsed["entropy_ratio"] < 0.3 and collapsed["top_weight"] > 0.7
+
+
+def test_routing_health_names_a_prompt_that_copies_one_position():
+    from hf_clroute.methods.rwf.hopfield import RoutingHealth
+
+    health = RoutingHealth()
+    weights = torch.zeros(4, 1, 2, 5)
+    weights[:, 0, 0, 3] = 1.0  # prompt 0 copies position 3 for every input
+    weights[:, 0, 1] = 0.2  # prompt 1 pools uniformly (ties: argmax is position 0 for every input)
+    health.add(weights, torch.full((4, 1), 5))
+    summary = health.summary()
+    assert summary["entropy_ratio"] == pytest.approx(0.5)  # (0 + 1) / 2
+    assert summary["top_weight"] == pytest.approx(0.6)  # (1 + 0.2) / 2
+    assert summary["same_top_token"] == pytest.approx(1.0)
+    health.add(torch.softmax(torch.randn(50, 1, 2, 5, generator=torch.Generator().manual_seed(0)) * 3, -1),
+               torch.full((50, 1), 5))
+    assert health.summary()["same_top_token"] < 0.9  # input-dependent routing spreads the top position
+
+
+def test_model_track_records_health_per_routed_block():
+    model = get_cl_model(tiny_vit(), RwfConfig(num_prompts=4, learn_temperature=True))
+    model.grow_head(3)
+    with model.method.track():
+        model(**pixels(5))
+    health = model.method.routing_health()
+    assert set(health) == {"0", "1"}
+    for record in health.values():
+        assert 0 < record["entropy_ratio"] <= 1 and 0 < record["top_weight"] <= 1
+        assert 0 < record["same_top_token"] <= 1 and record["temperature"] == pytest.approx(0.1)
+    assert all(r.health is None for r in model.method.routers.values())  # tracking ends with the block
+
+
+def test_learned_temperature_trains_with_the_queries():
+    model = get_cl_model(tiny_vit(), RwfConfig(num_prompts=4, learn_temperature=True))
+    model.grow_head(3)
+    temperatures = [r.log_temperature for r in model.method.routers.values()]
+    assert all(t.requires_grad for t in temperatures)
+    assert {id(t) for t in temperatures} <= {id(p) for p in model.trainable_parameters()}
+    out = model(**pixels(4), labels=torch.tensor([0, 1, 2, 0]))
+    out.loss.backward()
+    assert all(t.grad is not None and t.grad.abs() > 0 for t in temperatures)
+    fixed = get_cl_model(tiny_vit(), RwfConfig(num_prompts=4))
+    assert not any(r.log_temperature.requires_grad for r in fixed.method.routers.values())
+
+
+@pytest.mark.parametrize("build", [tiny_vit, tiny_lm])
+def test_pretrained_key_and_value_come_from_the_blocks_own_attention(build):
+    backbone = build()
+    model = get_cl_model(backbone, RwfConfig(num_prompts=4, key_init="pretrained", value_init="pretrained"))
+    d = model.spec.hidden_size(backbone)
+    for idx, router in model.method.routers.items():
+        block = get_blocks(backbone)[int(idx)]
+        if model.spec.causal:  # GPT-2: one fused Conv1D, y = x W + b, columns [q | k | v]
+            fused = block.attn.base_layer.c_attn
+            key, value, bias = fused.weight[:, d:2 * d], fused.weight[:, 2 * d:], fused.bias[2 * d:]
+        else:  # ViT: separate nn.Linear, y = x W^T + b
+            attention = block.attention.base_layer
+            key, value, bias = attention.k_proj.weight.T, attention.v_proj.weight.T, attention.v_proj.bias
+        torch.testing.assert_close(router.key_weight, key)
+        torch.testing.assert_close(router.value_weight, value)
+        torch.testing.assert_close(router.value_bias, bias)
+        assert not router.key_weight.requires_grad
+        tokens = layer_normed_tokens(batch=2, length=6, dim=d)
+        with torch.no_grad():
+            weights = router.routing_weights(tokens)[:, 0]
+            prompts, _ = router(tokens)
+            expected = torch.einsum("bml,bld->bmd", weights, tokens @ value + bias)
+        torch.testing.assert_close(prompts, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_routers_train_on_the_first_task_only_then_a_statistics_head_accumulates(stream):
+    """train_routers_for_tasks=1 with an LDA head: the routers learn through the head's loss on
+    task 0, stay fixed afterwards (nothing left to train on task 1: the head only accumulates),
+    and a reloaded adapter knows they are frozen."""
+    config = RwfConfig(num_prompts=4, head="lda", train_routers_for_tasks=1)
+    model = get_cl_model(tiny_vit(), config)
+    initial = [r.query().detach().clone() for r in model.method.routers.values()]
+    snapshots = []
+
+    class AfterTask0(Callback):
+        def on_task_end(self, trainer, task_id):
+            snapshots.append([r.query().detach().clone() for r in trainer.model.method.routers.values()])
+
+    training = TrainingConfig(batch_size=8, learning_rate=1e-2, progress=False, evals_per_task=2)
+    trainer = ContinualTrainer(model, stream, training, ImageCollator(16, num_channels=3),
+                               make_accelerator(training, cpu=True), callbacks=[AfterTask0()])
+    result = trainer.fit()
+    assert result.finished and len(snapshots) == 2
+    assert all(not torch.equal(a, b) for a, b in zip(snapshots[0], initial))  # trained on task 0
+    assert all(torch.equal(a, b) for a, b in zip(snapshots[0], snapshots[1]))  # frozen on task 1
+    assert model.trainable_parameters() == [] and model.head.counts.sum() == 4 * 16
+
+
+def test_frozen_routers_stay_frozen_after_reload(tmp_path):
+    model = get_cl_model(tiny_vit(), RwfConfig(num_prompts=4, train_routers_for_tasks=1))
+    model.grow_head(2)
+    model.method.on_task_end(model, None, None)
+    assert not any(p.requires_grad for p in model.method.routers.parameters())
+    model.save_pretrained(tmp_path / "a")
+    reloaded = CLModel.from_pretrained(tiny_vit(), tmp_path / "a")
+    assert reloaded.method.tasks_done == 1
+    assert not any(p.requires_grad for p in reloaded.method.routers.parameters())
+    assert all(p.requires_grad for p in reloaded.head.parameters())

@@ -23,12 +23,14 @@ from ..metrics import aggregate_runs, mean_std, summarize
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
 from .probes import ForgettingProbes, forgetting_split
+from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
 from .results import write_run
 from .settings import RunSettings, load_selection, resolve_run
 from .suites import SuiteConfig, build_stream, drop_methods, load_suite_backbone
 
 METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
 PROBE_KEYS = ("deep_forgetting", "probe_A_T", "snr_final")
+ROUTING_KEYS = ("routing_entropy_ratio", "routing_top_weight", "routing_same_top_token")
 
 
 def run_method(
@@ -67,6 +69,8 @@ def run_method(
         model = get_cl_model(backbone, config)
     training = settings.training
     callbacks = [ForgettingProbes()] if suite.probe_forgetting and model.spec.modality != "lm" else []
+    if tracks_routing(model):
+        callbacks.append(RoutingHealthRecorder())
     trainer = ContinualTrainer(
         model, stream, training, collator or suite_collator, accelerator or make_accelerator(training),
         callbacks=callbacks, run_info={"suite": suite.name, "run_method": method},
@@ -133,6 +137,8 @@ def summarize_result(result: StreamResult, scenario: str) -> dict[str, Any]:
             "probe_A_T": sum(final) / len(final),
             "snr_final": sum(p["snr"] for p in probes["final"]) / len(probes["final"]),
         }
+    if result.records.get("routing"):
+        row |= {"routing_health": result.records["routing"], **final_health(result.records["routing"])}
     return row
 
 
@@ -287,7 +293,7 @@ def seed_row(seed: int, result: StreamResult, summary: dict[str, Any], curves: d
 
 
 def aggregate_method(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    keys = METRIC_KEYS + PROBE_KEYS + ("train_samples_per_s", "infer_samples_per_s", "wall_s")
+    keys = METRIC_KEYS + PROBE_KEYS + ROUTING_KEYS + ("train_samples_per_s", "infer_samples_per_s", "wall_s")
     agg = aggregate_runs([{k: r.get(k) for k in keys} for r in rows])
     rows = sorted(rows, key=lambda r: r["seed"])
     return {
@@ -328,7 +334,20 @@ def results_markdown(results: dict) -> str:
     if bare:
         speed = f"{_fmt(bare.get('train_samples_per_s'), 1, 0)} | {_fmt(bare.get('infer_samples_per_s'), 1, 0)}"
         rows.append(f"| *bare backbone (fwd+bwd / fwd)* | | | | | | | | | 100.00 | {speed} | |")
-    return head + "\n".join(rows) + "\n"
+    return head + "\n".join(rows) + "\n" + routing_markdown(results)
+
+
+def routing_markdown(results: dict) -> str:
+    """Routing health after the last task, for the methods that route (mean over routed layers)."""
+    routed = {name: m for name, m in results["methods"].items() if m.get("routing_entropy_ratio")}
+    if not routed:
+        return ""
+    lines = ["", "Routing health after the last task (mean over routed layers and seeds; entropy / log L: 1 = "
+             "uniform pooling, 0 = one token; same top token: share of inputs whose top-weighted token is the "
+             "prompt's most frequent one, 1 = a fixed copy whatever the input):", "",
+             "| method | entropy / log L | top weight | same top token |", "|---|---|---|---|"]
+    lines += [f"| {name} | " + " | ".join(_fmt(m[k], 1, 2) for k in ROUTING_KEYS) + " |" for name, m in routed.items()]
+    return "\n".join(lines) + "\n"
 
 
 __all__ = ["run_bench", "run_method", "results_markdown", "mean_std"]

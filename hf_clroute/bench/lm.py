@@ -45,7 +45,7 @@ from ..backbones import char_lm_config, get_blocks
 from ..baselines.finetune import FinetuneConfig
 from ..char_tokenizer import CharTokenizer
 from ..config import CLConfig
-from ..data import CausalLMCollator, load_source, text_domains
+from ..data import CausalLMCollator, load_text_corpus, text_domains
 from ..engine import ContinualTrainer, TrainingConfig, make_accelerator
 from ..baselines.finetune import FfnFinetuneConfig
 from ..methods.apn import ApnConfig, PatchFFN, patch_overlap
@@ -65,7 +65,10 @@ class CharLMSuite:
 
     name: str = field(metadata={"help": "Suite name; also the key of per-suite settings in hf_clroute/configs/methods/apn.json."})
     runner: str = field(metadata={"help": "This runner: 'charlm'."})
-    domains: list[str] = field(metadata={"help": "Text sources (see `hf-clroute data list`) in training order: A, B, C."})
+    domains: list[Any] = field(metadata={"help": (
+        "Text domains in training order (A, B, C, ...). Each is a built-in source (`hf-clroute data list`), a "
+        "local .txt/parquet/json/csv file, a directory of them, a Hub dataset id, or a mapping "
+        "{\"train\": file, \"test\": file, \"name\": shown name, \"text_column\": column}.")})
     model: dict[str, Any] = field(metadata={"help": "char_lm_config overrides: n_layer, n_embd, n_head, dropouts."})
     block_size: int = field(default=128, metadata={"help": "Characters per training/evaluation window (context length)."})
     train_chars: int = field(default=500_000, metadata={"help": "Training characters per domain (one pass)."})
@@ -74,6 +77,8 @@ class CharLMSuite:
     methods: list[str] = field(default_factory=list, metadata={"help": "Variants '<dense|apn>-<all|ffn>' run by default."})
     quick: dict[str, Any] = field(default_factory=dict, metadata={"help": "Overrides of the fields above for --quick."})
     description: str = field(default="", metadata={"help": "What the suite measures."})
+    bases: list[str] = field(default_factory=list, metadata={
+        "help": "Set by the loader: the suites this one is based on (nearest first); their APN settings apply."})
 
     @classmethod
     def load(cls, name_or_path: str, quick: bool = False) -> "CharLMSuite":
@@ -97,11 +102,16 @@ def expand_variants(methods: list[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def apn_settings(suite: CharLMSuite) -> dict[str, Any]:
+    """APN's config fields for this suite: its method file, then the blocks of the suites it is based on, then its own."""
+    return merged_method_settings("apn", [*reversed(suite.bases), suite.name])["config"]
+
+
 def variant_config(suite: CharLMSuite, variant: str) -> CLConfig:
     arch, adapt = parse_variant(variant)
     if arch == "dense":
         return FinetuneConfig(freeze_backbone=False) if adapt == "all" else FfnFinetuneConfig()
-    settings = merged_method_settings("apn", [suite.name])["config"]
+    settings = apn_settings(suite)
     return ApnConfig(**{**settings, "mode": "replace", "freeze_backbone": False, "adapt_params": adapt})
 
 
@@ -114,10 +124,40 @@ def windows(split: Dataset, size: int) -> Dataset:
     return split.map(cut, batched=True, remove_columns=split.column_names)
 
 
+def domain_name(ref: Any) -> str:
+    """The name a domain is shown under: a source or Hub id as given, a file's stem, a directory's
+    name, a mapping's ``name`` (else its train file's stem)."""
+    if isinstance(ref, dict):
+        if ref.get("name"):
+            return str(ref["name"])
+        first = ref.get("train") or next(v for k, v in ref.items() if k not in ("name", "text_column"))
+        return Path(str(first[0] if isinstance(first, list) else first)).name.split(".")[0]
+    path = Path(str(ref)).expanduser()
+    return path.name.split(".")[0] if path.is_file() else path.name if path.is_dir() else str(ref)
+
+
+def load_domain(ref: Any, seed: int) -> Any:
+    """One domain's ``DatasetDict(train, test)`` with a ``text`` column, through the corpus loader
+    (a file without a test split holds out 10% of its lines, chosen by ``seed``)."""
+    if isinstance(ref, dict):
+        files = {k: v for k, v in ref.items() if k not in ("name", "text_column")}
+        if not files:
+            raise ValueError(f"charlm domain {ref!r}: the mapping names no files (give 'train' and 'test')")
+        return load_text_corpus(files, ref.get("text_column", "text"), seed=seed)
+    if not isinstance(ref, str):
+        raise ValueError(f"charlm domain {ref!r}: give a source name, a path, a Hub id or a mapping")
+    return load_text_corpus(ref, seed=seed)
+
+
 def build_stream(suite: CharLMSuite, seed: int) -> tuple[list, CharTokenizer]:
     """The domains' experiences for ``seed`` (chunks picked by ``text_domains``, then cut into
     windows, training windows shuffled by the seed) and a tokenizer over their characters."""
-    stream = text_domains([load_source(d) for d in suite.domains], suite.domains,
+    names = [domain_name(d) for d in suite.domains]
+    if len(set(names)) != len(names):
+        raise ValueError(f"charlm suite {suite.name!r}: two domains share a name ({names}); "
+                         "give mappings with distinct 'name' fields")
+    # The held-out split of a file without one is fixed (seed 0), so every run seed tests on the same text.
+    stream = text_domains([load_domain(d, seed=0) for d in suite.domains], names,
                           train_chars=suite.train_chars, test_chars=suite.test_chars, seed=seed)
     stream = [
         dataclasses.replace(e, train=windows(e.train, suite.block_size).shuffle(seed=seed).flatten_indices(),
@@ -224,9 +264,10 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
             print(f"[{suite.name}] seed {seed} {variant}: PPL_A {row['ppl_matrix'][0][0]:.2f} -> "
                   f"{row['ppl_matrix'][1][0]:.2f} after B (retention {row['retention']:.2f}), "
                   f"new-domain PPL {', '.join(f'{x:.2f}' for x in row['adaptation'])} ({row['wall_s']:.0f}s)", flush=True)
-    config = {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"}
+    config = {k: v for k, v in dataclasses.asdict(suite).items() if k not in ("quick", "bases")}
+    config["domain_names"] = [domain_name(d) for d in suite.domains]
     return write_results({"suite": suite.name, "seeds": seeds, "quick": quick,
-                          "config": config | {"apn": merged_method_settings("apn", [suite.name])["config"]}}, runs, out)
+                          "config": config | {"apn": apn_settings(suite)}}, runs, out)
 
 
 def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
@@ -248,7 +289,7 @@ def _f(stat: dict[str, float], digits: int = 2) -> str:
 
 def results_markdown(results: dict) -> str:
     cfg = results["config"]
-    domains = cfg["domains"]
+    domains = cfg.get("domain_names") or cfg["domains"]
     model = ", ".join(f"{k}={v}" for k, v in cfg["model"].items())
     lines = [
         f"# {results['suite']} (seeds {', '.join(map(str, results['seeds']))}{', quick' if results['quick'] else ''})",

@@ -111,6 +111,25 @@ def method_curves(results: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+def routing_health(results: dict[str, Any], path: Path) -> Path | None:
+    """Each routing method's health after every task (first seed), one line per routed layer."""
+    keys = (("entropy_ratio", "entropy / log L"), ("top_weight", "top weight"), ("same_top_token", "same top token"))
+    routed = [(m, r["per_seed"][0]["routing_health"]) for m, r in results["methods"].items()
+              if r.get("per_seed") and r["per_seed"][0].get("routing_health")]
+    if not routed:
+        return None
+    fig, axes = plt.subplots(len(routed), len(keys), figsize=(11, 2.8 * len(routed)), squeeze=False)
+    for row, (method, history) in zip(axes, routed):
+        tasks = [h["task"] for h in history]
+        for ax, (key, label) in zip(row, keys):
+            for layer in history[0]["layers"]:
+                ax.plot(tasks, [h["layers"][layer][key] for h in history], marker="o", label=f"block {layer}")
+            ax.set(title=f"{method}: {label}", xlabel="after task", ylim=(0, 1.05))
+            ax.grid(alpha=0.3)
+        row[0].legend(fontsize=7)
+    return _save(fig, path)
+
+
 def forgetting_vs_buffer(results: dict[str, Any], path: Path) -> Path | None:
     """Head (-BWT) and deep (probe) forgetting against the replay buffer size, for rows named ``er-b<size>``."""
     rows = sorted((int(m[4:]), r) for m, r in results["methods"].items()
@@ -141,6 +160,7 @@ def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
         anytime_curve(results, out / "anytime_accuracy.png"),
         shallow_vs_deep(results, out / "shallow_vs_deep.png"),
         method_curves(results, out / "method_curves.png"),
+        routing_health(results, out / "routing_health.png"),
         forgetting_vs_buffer(results, out / "forgetting_vs_buffer.png"),
     ]
     for method, row in results["methods"].items():

@@ -1,4 +1,4 @@
-"""``RwfConfig``: Routing without Forgetting (SPEC section 5, RwF).
+"""``RwfConfig``: Routing without Forgetting.
 
 What is trained, and why that is ~2% of a ViT-B/16
 ---------------------------------------------------
@@ -32,9 +32,26 @@ class RwfConfig(CLConfig):
         default=8,
         metadata={"help": "m: prompts pooled per routed block (per chunk for a causal LM) and appended to its tokens."},
     )
+    routing: str = field(
+        default="cosine",
+        metadata={
+            "help": "Routing scores. 'cosine': cos(q, k) / temperature (queries and keys normalised, so the "
+            "softmax stays soft and input-dependent however the query norms grow in training); 'dot': the "
+            "paper's beta <q, k>, which on layer-normed tokens collapses to one token per prompt."
+        },
+    )
+    temperature: float = field(
+        default=0.1,
+        metadata={"help": "Cosine routing: the softmax temperature (cosines lie in [-1, 1]; 0.1 spans 20 logits)."},
+    )
+    learn_temperature: bool = field(
+        default=False,
+        metadata={"help": "Cosine routing: train log(temperature) per routed layer with the queries (recorded in "
+                          "the routing-health record)."},
+    )
     beta: float | None = field(
         default=None,
-        metadata={"help": "Inverse temperature of the routing softmax; None = 1/sqrt(hidden size), as in attention."},
+        metadata={"help": "Dot routing: inverse temperature of the softmax; None = 1/sqrt(hidden size), as in attention."},
     )
     routed_layers: list[int] | None = field(
         default=None,
@@ -63,13 +80,15 @@ class RwfConfig(CLConfig):
     )
     key_init: str = field(
         default="identity",
-        metadata={"help": "Frozen W_K: 'identity' (route in the block's own token space) or 'orthogonal' (seeded)."},
+        metadata={"help": "Frozen W_K: 'identity' (route in the block's own token space), 'orthogonal' (seeded) or "
+                          "'pretrained' (the block's own attention key projection, its weight without the bias)."},
     )
     value_init: str = field(
         default="identity",
         metadata={
             "help": "Frozen W_V: 'identity' (prompts are convex mixtures of the block's tokens, inputs the frozen "
-            "attention already understands) or 'orthogonal' (seeded)."
+            "attention already understands), 'orthogonal' (seeded) or 'pretrained' (the block's own attention "
+            "value projection, weight and bias)."
         },
     )
     causal_chunk_size: int = field(
@@ -87,14 +106,23 @@ class RwfConfig(CLConfig):
             "(L2P, DualPrompt, CODA-Prompt) do, with cross-entropy over the current task's classes."
         },
     )
+    train_routers_for_tasks: int | None = field(
+        default=None,
+        metadata={
+            "help": "Train the routers on the first N tasks only, then freeze them (None: on every task). With a "
+            "statistics head (head='lda', 'ranpac', ...) the routers learn through that head's loss on the first "
+            "tasks, and the head's class statistics then accumulate on features that no longer move."
+        },
+    )
     init_seed: int = field(
         default=0,
         metadata={"help": "Seed of the router initialisation (queries, orthogonal W_K/W_V), independent of the global RNG."},
     )
 
+    ROUTINGS: ClassVar[tuple[str, ...]] = ("cosine", "dot")
     QUERY_MODES: ClassVar[tuple[str, ...]] = ("projected", "static")
     PROJECTION_INITS: ClassVar[tuple[str, ...]] = ("identity", "zeros")
-    MATRIX_INITS: ClassVar[tuple[str, ...]] = ("identity", "orthogonal")
+    MATRIX_INITS: ClassVar[tuple[str, ...]] = ("identity", "orthogonal", "pretrained")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -106,6 +134,14 @@ class RwfConfig(CLConfig):
                 raise ValueError(f"RwfConfig.{name} must be a positive integer, got {value!r}")
         if self.beta is not None:
             self._check_positive("beta")
+            if self.routing != "dot":
+                raise ValueError(f"RwfConfig.beta applies to routing='dot' only (routing is {self.routing!r}: "
+                                 "set temperature instead)")
+        self._check_positive("temperature")
+        if self.train_routers_for_tasks is not None:
+            n = self.train_routers_for_tasks
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ValueError(f"RwfConfig.train_routers_for_tasks must be None or an integer >= 0, got {n!r}")
         self._check_positive("query_init_std")
         if self.routed_layers is not None:
             layers = self.routed_layers
@@ -117,6 +153,7 @@ class RwfConfig(CLConfig):
             ):
                 raise ValueError(f"RwfConfig.routed_layers must be a non-empty list of distinct indices >= 0, got {layers!r}")
         choices = {
+            "routing": self.ROUTINGS,
             "query_mode": self.QUERY_MODES,
             "query_projection_init": self.PROJECTION_INITS,
             "key_init": self.MATRIX_INITS,

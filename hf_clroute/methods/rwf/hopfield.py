@@ -4,6 +4,12 @@ For tokens Z (L x d), frozen W_K and W_V, and queries Q (m x d):
 
     K = Z W_K,   V = Z W_V,   A = softmax_rows(beta Q K^T),   P = A V.
 
+That is ``routing="dot"``. The default ``routing="cosine"`` scores cos(q_a, k_i) / tau
+instead (the same free energy with normalised queries and keys, beta = 1/tau): on
+layer-normed tokens of norm ~sqrt(d), dot scores grow with the query norm as training
+moves the queries, and the softmax collapses onto one token per prompt, so the prompts
+become static token copies; cosines stay in [-1, 1], so tau alone sets how soft A is.
+
 Row a of A is the unique minimiser over the simplex of the strictly convex free
 energy F(p; q_a) = -sum_i p_i <q_a, k_i> + beta^-1 sum_i p_i log p_i (its
 stationarity condition gives p_i proportional to exp(beta <q_a, k_i>)), so the
@@ -28,6 +34,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import RwfConfig
@@ -41,17 +48,38 @@ def _init_matrix(kind: str, dim: int, generator: torch.Generator) -> torch.Tenso
 
 
 class HopfieldRouter(nn.Module):
-    """``forward(Z, key_valid) -> (P, prompt_valid)``; ``routing_weights`` gives A."""
+    """``forward(Z, key_valid) -> (P, prompt_valid)``; ``routing_weights`` gives A.
 
-    def __init__(self, hidden_size: int, config: RwfConfig, seed: int = 0) -> None:
+    ``pretrained`` holds the block's own (W_K, W_V, b_V) (as right-multiplied matrices, K = Z W_K),
+    required when ``key_init`` or ``value_init`` is ``"pretrained"``.
+    """
+
+    def __init__(
+        self, hidden_size: int, config: RwfConfig, seed: int = 0,
+        pretrained: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    ) -> None:
         super().__init__()
         self.num_prompts = config.num_prompts
+        self.routing = config.routing
         self.beta = config.beta if config.beta is not None else 1.0 / math.sqrt(hidden_size)
         generator = torch.Generator().manual_seed(seed)
+        if "pretrained" in (config.key_init, config.value_init) and pretrained is None:
+            raise ValueError("HopfieldRouter: key_init/value_init 'pretrained' needs the block's projections")
         # Frozen: registered as buffers so no optimiser can ever see them; saved with
         # the adapter (they are not backbone tensors) so a reload is bit-identical.
-        self.register_buffer("key_weight", _init_matrix(config.key_init, hidden_size, generator))
-        self.register_buffer("value_weight", _init_matrix(config.value_init, hidden_size, generator))
+        key = pretrained[0] if config.key_init == "pretrained" else _init_matrix(config.key_init, hidden_size, generator)
+        value = pretrained[1] if config.value_init == "pretrained" else _init_matrix(config.value_init, hidden_size, generator)
+        value_bias = pretrained[2] if config.value_init == "pretrained" else torch.zeros(hidden_size)
+        self.register_buffer("key_weight", key.detach().clone().float())
+        self.register_buffer("value_weight", value.detach().clone().float())
+        self.register_buffer("value_bias", value_bias.detach().clone().float())
+        self.key_is_identity = config.key_init == "identity"
+        log_temperature = torch.tensor(math.log(config.temperature))
+        if config.learn_temperature:
+            self.log_temperature = nn.Parameter(log_temperature)
+        else:
+            self.register_buffer("log_temperature", log_temperature)
+        self.health: RoutingHealth | None = None  # set by ``track``: routing statistics of the forwards that follow
         queries = torch.randn(config.num_prompts, hidden_size, generator=generator) * config.query_init_std
         self.queries = nn.Parameter(queries)  # S (projected mode) or Q itself (static mode)
         self.query_proj: nn.Linear | None = None
@@ -64,8 +92,22 @@ class HopfieldRouter(nn.Module):
                 self.query_proj.bias.zero_()
 
     def query(self) -> torch.Tensor:
-        """Q (m x d): the only trained part of the router."""
+        """Q (m x d): the only trained part of the router (with the temperature, if learned)."""
         return self.queries if self.query_proj is None else self.query_proj(self.queries)
+
+    @property
+    def temperature(self) -> float:
+        return float(self.log_temperature.detach().exp())
+
+    def scores(self, tokens: torch.Tensor) -> torch.Tensor:
+        """(B, m, L) routing logits: beta <q, k> (dot) or cos(q, k) / tau (cosine)."""
+        query = self.query().to(tokens.dtype)
+        if self.routing == "dot":
+            # Q K^T = (Q W_K^T) Z^T: the frozen projection is applied to the m queries, not the L tokens.
+            return self.beta * torch.einsum("md,bld->bml", query @ self.key_weight.to(tokens.dtype).T, tokens)
+        keys = tokens if self.key_is_identity else tokens @ self.key_weight.to(tokens.dtype)
+        cosine = torch.einsum("md,bld->bml", F.normalize(query, dim=-1), F.normalize(keys, dim=-1))
+        return cosine * torch.exp(-self.log_temperature).to(tokens.dtype)
 
     def routing_weights(
         self, tokens: torch.Tensor, key_valid: torch.Tensor | None = None, chunk_size: int | None = None
@@ -77,9 +119,7 @@ class HopfieldRouter(nn.Module):
         token gets all-zero weights (its prompts are zero and flagged invalid).
         """
         batch, length, _ = tokens.shape
-        # Q K^T = (Q W_K^T) Z^T: the frozen projection is applied to the m queries, not the L tokens.
-        query = self.query().to(tokens.dtype) @ self.key_weight.to(tokens.dtype).T
-        scores = self.beta * torch.einsum("md,bld->bml", query, tokens)  # (B, m, L)
+        scores = self.scores(tokens)  # (B, m, L)
         visible = torch.ones(batch, 1, length, dtype=torch.bool, device=tokens.device)
         if key_valid is not None:
             visible = visible & key_valid[:, None, :]
@@ -91,7 +131,10 @@ class HopfieldRouter(nn.Module):
         # first keeps the softmax (and its gradient) free of NaN.
         routed = visible.any(-1, keepdim=True)  # (B, G, 1)
         scores = scores[:, None].masked_fill(~(visible | ~routed)[:, :, None, :], float("-inf"))  # (B, G, m, L)
-        return torch.softmax(scores, dim=-1) * routed[..., None].to(scores.dtype)
+        weights = torch.softmax(scores, dim=-1) * routed[..., None].to(scores.dtype)
+        if self.health is not None:
+            self.health.add(weights.detach(), (visible | ~routed).sum(-1))
+        return weights
 
     def forward(
         self, tokens: torch.Tensor, key_valid: torch.Tensor | None = None, chunk_size: int | None = None
@@ -103,6 +146,59 @@ class HopfieldRouter(nn.Module):
             prompts = torch.einsum("bgml,bld->bgmd", weights, tokens) @ value_weight
         else:
             prompts = torch.einsum("bgml,bld->bgmd", weights, tokens @ value_weight)
+        # A row of A sums to 1 (0 for a prompt that routes nothing), so A (Z W_V + b_V) = A Z W_V + b_V.
+        prompts = prompts + weights.sum(-1, keepdim=True) * self.value_bias.to(tokens.dtype)
         prompts = prompts.flatten(1, 2)
         valid = (weights.sum(-1) > 0).flatten(1, 2)
         return prompts, valid
+
+
+class RoutingHealth:
+    """Running statistics of a router's weights A over the inputs it saw while tracked.
+
+    * ``entropy_ratio``: mean entropy of a prompt's weights / log(number of tokens it could see)
+      (1 = uniform pooling, 0 = one token);
+    * ``top_weight``: mean largest weight of a prompt;
+    * ``same_top_token``: for each prompt, the fraction of inputs whose largest weight falls on
+      the prompt's most frequent token position, averaged over prompts (1 = the prompt copies one
+      fixed position for every input: routing that ignores the input).
+    """
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.entropy = 0.0
+        self.top = 0.0
+        self.top_counts: torch.Tensor | None = None  # (prompts, positions): how often each position is the top
+
+    @torch.no_grad()
+    def add(self, weights: torch.Tensor, visible: torch.Tensor) -> None:
+        """``weights`` (B, G, m, L); ``visible`` (B, G): tokens each group could see."""
+        routed = weights.sum(-1) > 0  # (B, G, m)
+        p = weights.float().clamp_min(1e-30)
+        entropy = -(weights.float() * p.log()).sum(-1)
+        log_n = visible.float().clamp_min(2).log()[..., None]
+        self.rows += int(routed.sum())
+        self.entropy += float((entropy / log_n)[routed].sum())
+        self.top += float(weights.float().amax(-1)[routed].sum())
+        batch, groups, m, length = weights.shape
+        top = weights.argmax(-1).reshape(batch, groups * m)  # (B, prompts)
+        counts = torch.zeros(groups * m, length)
+        counts.scatter_add_(1, top.T.cpu(), routed.reshape(batch, groups * m).T.float().cpu())
+        self.top_counts = counts if self.top_counts is None else _add_padded(self.top_counts, counts)
+
+    def summary(self) -> dict[str, float]:
+        if not self.rows or self.top_counts is None:
+            return {"entropy_ratio": float("nan"), "top_weight": float("nan"), "same_top_token": float("nan")}
+        totals = self.top_counts.sum(1)
+        used = totals > 0
+        same = (self.top_counts.amax(1)[used] / totals[used]).mean()
+        return {"entropy_ratio": self.entropy / self.rows, "top_weight": self.top / self.rows,
+                "same_top_token": float(same)}
+
+
+def _add_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a + b for 2-d counts whose shapes may differ (inputs of other lengths): zero-padded."""
+    out = torch.zeros(max(a.shape[0], b.shape[0]), max(a.shape[1], b.shape[1]))
+    out[: a.shape[0], : a.shape[1]] += a
+    out[: b.shape[0], : b.shape[1]] += b
+    return out

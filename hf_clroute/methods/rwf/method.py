@@ -8,18 +8,25 @@ replay, no per-task state: the prompts are recomputed from the input at every
 forward and dropped after the attention. In class-IL the loss is, by default,
 cross-entropy over the current task's classes (``current_task_loss``: the base
 method's loss, on by default for RwF).
+
+``train_routers_for_tasks`` stops the routers' training after the first N tasks
+(then only the head learns, or nothing, with a statistics head). ``track()``
+records each router's routing health (entropy, top weight, how often a prompt
+picks the same token) over the forwards run inside it.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator
 
+import torch
 from torch import nn
 
 from ...backbones import get_blocks
-from ..base import ContinualMethod
+from ..base import ContinualMethod, StepContext
 from .config import RwfConfig
-from .hopfield import HopfieldRouter
+from .hopfield import HopfieldRouter, RoutingHealth
 from .layer import RoutedAttention
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -34,14 +41,17 @@ class Rwf(ContinualMethod):
     def __init__(self, config: RwfConfig) -> None:
         super().__init__(config)
         self.routers = nn.ModuleDict()  # block index (as str) -> router; saved as method.routers.<i>.*
+        self.tasks_done = 0  # experiences finished: the routers freeze after train_routers_for_tasks of them
 
     def attach(self, model: "CLModel") -> None:
         config, spec = self.config, model.spec
         blocks = get_blocks(model.backbone)
         hidden = spec.hidden_size(model.backbone)
         parent_path, _, attr = spec.attention.rpartition(".")
+        wants_pretrained = "pretrained" in (config.key_init, config.value_init)
         for idx in config.resolve_layers(len(blocks)):
-            router = HopfieldRouter(hidden, config, seed=config.init_seed * 1_000_003 + idx)
+            pretrained = pretrained_key_value(blocks[idx], spec.attention_qkv, hidden) if wants_pretrained else None
+            router = HopfieldRouter(hidden, config, seed=config.init_seed * 1_000_003 + idx, pretrained=pretrained)
             self.routers[str(idx)] = router
             parent = blocks[idx].get_submodule(parent_path) if parent_path else blocks[idx]
             attention = getattr(parent, attr)
@@ -56,3 +66,56 @@ class Rwf(ContinualMethod):
             generation_config = getattr(model.backbone, "generation_config", None)
             if generation_config is not None:
                 generation_config.use_cache = False
+        self._freeze_if_done()
+
+    # ---- router training schedule ---------------------------------------------------
+    def on_task_end(self, model: "CLModel", experience: Any, ctx: StepContext) -> None:
+        self.tasks_done += 1
+        self._freeze_if_done()
+
+    def _freeze_if_done(self) -> None:
+        limit = self.config.train_routers_for_tasks
+        if limit is not None and self.tasks_done >= limit:
+            self.routers.requires_grad_(False)
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"tasks_done": self.tasks_done}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.tasks_done = int(state.get("tasks_done", 0))
+        self._freeze_if_done()
+
+    # ---- routing health -----------------------------------------------------------
+    @contextmanager
+    def track(self) -> Iterator[None]:
+        """Record routing health over the forwards run inside; read it with :meth:`routing_health`."""
+        for router in self.routers.values():
+            router.health = RoutingHealth()
+        try:
+            yield
+        finally:
+            self._tracked = {idx: router.health.summary() for idx, router in self.routers.items()}
+            for router in self.routers.values():
+                router.health = None
+
+    def routing_health(self) -> dict[str, dict[str, float]]:
+        """Per routed block (index as str): ``entropy_ratio``, ``top_weight``, ``same_top_token`` of the
+        last :meth:`track` block, and the routing temperature (cosine routing)."""
+        tracked = getattr(self, "_tracked", {})
+        return {idx: {**tracked.get(idx, {}), **({"temperature": router.temperature} if router.routing == "cosine" else {})}
+                for idx, router in self.routers.items()}
+
+
+def pretrained_key_value(block: nn.Module, qkv_paths: tuple[str, ...], hidden: int) -> tuple[torch.Tensor, ...]:
+    """(W_K, W_V, b_V) of a block's own attention, as right-multiplied matrices (K = Z W_K).
+
+    Separate query/key/value ``nn.Linear`` layers (ViT, BERT) store ``out x in`` weights; GPT-2's
+    fused ``c_attn`` is a ``Conv1D`` storing ``in x 3*out`` (query, key, value side by side).
+    """
+    if len(qkv_paths) == 3:
+        key, value = block.get_submodule(qkv_paths[1]), block.get_submodule(qkv_paths[2])
+        bias = value.bias if value.bias is not None else torch.zeros(hidden)
+        return key.weight.T, value.weight.T, bias
+    fused = block.get_submodule(qkv_paths[0])
+    weight, bias = fused.weight, fused.bias
+    return weight[:, hidden:2 * hidden], weight[:, 2 * hidden:], bias[2 * hidden:]
