@@ -114,6 +114,14 @@ class RwfConfig(CLConfig):
             "tasks, and the head's class statistics then accumulate on features that no longer move."
         },
     )
+    head_refresh_steps: int = field(
+        default=10,
+        metadata={
+            "help": "With a statistics head, while the routers train: re-solve the head from its statistics every "
+            "this many steps, so the routers' loss reads the current class statistics (otherwise a head is solved "
+            "only before an evaluation, and before its first solve its classes score -inf: no gradient)."
+        },
+    )
     init_seed: int = field(
         default=0,
         metadata={"help": "Seed of the router initialisation (queries, orthogonal W_K/W_V), independent of the global RNG."},
@@ -128,7 +136,7 @@ class RwfConfig(CLConfig):
         super().__post_init__()
         if not self.freeze_backbone:
             raise ValueError("RwfConfig.freeze_backbone must be True: RwF trains only the query side and the head")
-        for name in ("num_prompts", "causal_chunk_size"):
+        for name in ("num_prompts", "causal_chunk_size", "head_refresh_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"RwfConfig.{name} must be a positive integer, got {value!r}")

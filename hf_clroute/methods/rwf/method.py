@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ...backbones import get_blocks
+from ...heads import StatisticsHead
 from ..base import ContinualMethod, StepContext
 from .config import RwfConfig
 from .hopfield import HopfieldRouter, RoutingHealth
@@ -72,6 +73,17 @@ class Rwf(ContinualMethod):
     def on_task_end(self, model: "CLModel", experience: Any, ctx: StepContext) -> None:
         self.tasks_done += 1
         self._freeze_if_done()
+
+    def after_step(self, model: "CLModel", batch: dict, out: Any, ctx: StepContext) -> None:
+        # The model has just added this batch to a statistics head's sums; while the routers learn
+        # through that head, solve it often enough that their loss sees the statistics so far.
+        refresh = (ctx.step_in_task + 1) % self.config.head_refresh_steps == 0
+        if refresh and isinstance(model.head, StatisticsHead) and self.routers_training:
+            model.head.sync(ctx.reduce)
+
+    @property
+    def routers_training(self) -> bool:
+        return any(p.requires_grad for p in self.routers.parameters())
 
     def _freeze_if_done(self) -> None:
         limit = self.config.train_routers_for_tasks
