@@ -1,4 +1,6 @@
-"""MaRS: slot memory, SGSE (statistics and behaviour), DCDA stages, growth, save/load/continue.
+"""MaRS: slot memory, SGSE (statistics, behaviour, timing against task boundaries), DCDA stages,
+anchors from running class statistics, bounded distillation, keys over the stream, growth,
+save/load/continue.
 
 Synthetic streams of *features* (the bench caches frozen features for MaRS the
 same way) keep the engine tests fast; domains live in orthogonal subspaces so
@@ -22,7 +24,9 @@ from hf_clroute.data.streams import Experience
 from hf_clroute.engine import make_accelerator
 from hf_clroute.bench.feature_cache import FeatureCollator
 from hf_clroute.methods.mars import ExpansionTest, MarsConfig, SlotMemory, wilson_lower_bound
-from hf_clroute.methods.mars.sgse import binomial_cdf, threshold_for_alpha
+from hf_clroute.methods.mars.class_statistics import ClassStatistics
+from hf_clroute.methods.mars.method import distillation
+from hf_clroute.methods.mars.sgse import binomial_cdf, expansion_timing, threshold_for_alpha
 
 D = 32  # tiny_vit_config hidden size
 
@@ -69,7 +73,7 @@ def feature_stream(n_domains: int, train_per_class: int = 40, test_per_class: in
 
 
 def small_config(**overrides) -> MarsConfig:
-    return MarsConfig(**{"num_slots": 4, "max_slots": 12, "dcda_window": 2, **overrides})
+    return MarsConfig(**{"num_slots": 4, "max_slots": 16, "keys_per_task": 2, "dcda_window": 2, **overrides})
 
 
 def fit(config: MarsConfig, stream, model: CLModel | None = None, resume_from=None, **training):
@@ -110,21 +114,6 @@ def test_bert_backbone_through_the_core_api():
     ids = torch.randint(1, 100, (2, 7))
     logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
     assert logits.shape == (2, 3) and torch.isfinite(logits).all()
-
-
-def test_anchor_is_router_weighted_mean():
-    memory = SlotMemory(4, num_slots=2, max_slots=3)
-    normed = torch.tensor([[1.0, 0, 0, 0], [0, 1.0, 0, 0]])
-    probs = torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0]])
-    memory.update_statistics(normed, probs, momentum=0.0)
-    means = memory.anchor_means(1e-3)
-    torch.testing.assert_close(means[0], torch.tensor([1.0, 0.5, 0, 0]) / 1.5)
-    torch.testing.assert_close(means[1], torch.tensor([0, 1.0, 0, 0]))
-    assert memory.anchor_slots(1e-3).tolist() == [0, 1]  # slot 2 is inactive
-    # With identity adapters an anchor is its slot's mean; it follows gamma/beta.
-    with torch.no_grad():
-        memory.beta[1] += 2.0
-    torch.testing.assert_close(memory.anchors(torch.tensor([1]), means[1:2]), means[1:2] + 2.0)
 
 
 # ---- SGSE statistics --------------------------------------------------------------------------------
@@ -229,7 +218,7 @@ def test_sgse_state_round_trip_continues_identically():
 
 def test_slot_growth_is_bounded_by_novel_domains():
     n_domains = 5
-    config = small_config()
+    config = small_config(keys_per_task=0)  # SGSE alone adds slots
     model, result = fit(config, feature_stream(n_domains))
     history = model.method.extra_state()["slot_history"]
     final = model.method.memory.num_slots
@@ -242,7 +231,7 @@ def test_slot_growth_is_bounded_by_novel_domains():
 
 
 def test_no_sgse_ablation_keeps_slots_fixed():
-    model, _ = fit(small_config(use_sgse=False), feature_stream(2, train_per_class=20))
+    model, _ = fit(small_config(use_sgse=False, keys_per_task=0), feature_stream(2, train_per_class=20))
     assert model.method.memory.num_slots == 4 and model.method.extra_state()["slot_history"] == [[0, 4]]
 
 
@@ -274,7 +263,7 @@ def test_save_load_and_continue_equals_not_stopping(tmp_path):
     loaded = CLModel.from_pretrained(tiny_vit(), tmp_path / "adapter")
     assert loaded.method.memory.num_slots == full_model.method.memory.num_slots
     assert loaded.method.extra_state() == full_model.method.extra_state()
-    torch.testing.assert_close(loaded.method.memory.stat_sum, full_model.method.memory.stat_sum, rtol=0, atol=0)
+    torch.testing.assert_close(loaded.method.class_stats.outer, full_model.method.class_stats.outer, rtol=0, atol=0)
     torch.testing.assert_close(eval_logits(loaded, stream), eval_logits(full_model, stream), rtol=0, atol=0)
 
 
@@ -340,7 +329,9 @@ def _ctx():
 @pytest.mark.parametrize(
     "field,value",
     [("num_slots", 0), ("max_slots", 2), ("tau_r", -1.0), ("alpha", 1.5), ("dcda_schedule", "both"),
-     ("key_init", "zeros"), ("lambda_smooth", -0.1), ("freeze_backbone", False)],
+     ("key_init", "zeros"), ("lambda_smooth", -0.1), ("freeze_backbone", False), ("class_stats_space", "pixels"),
+     ("anchors_per_class", 0), ("covariance_shrinkage", 1.5), ("lambda_align", -1.0), ("keys_per_task", -1),
+     ("timing_window", 0), ("novelty_statistic", "entropy")],
 )
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -375,3 +366,252 @@ def test_current_task_loss_reaches_the_stage2_head_loss():
         model(**batch).losses["ce"].backward()
         assert (model.head.weight.grad[:2].abs().sum() == 0) == current_task_loss
         assert model.head.weight.grad[2:].abs().sum() > 0
+
+
+# ---- anchors: running class statistics ------------------------------------------------------------
+
+
+def test_class_statistics_equal_a_batch_fit():
+    rng = np.random.default_rng(0)
+    x = rng.normal(0, 1, (90, 5)) + np.repeat(rng.normal(0, 3, (3, 5)), 30, axis=0)
+    y = np.repeat([0, 2, 3], 30)  # class 1 never seen
+    order = rng.permutation(90)
+    x, y = x[order], y[order]
+    stats = ClassStatistics(5)
+    for i in range(0, 90, 7):  # streamed in uneven batches
+        stats.update(torch.tensor(x[i : i + 7], dtype=torch.float32), torch.tensor(y[i : i + 7]))
+    x32 = torch.tensor(x, dtype=torch.float32).double().numpy()  # what the stream carried
+    assert stats.seen().tolist() == [0, 2, 3]
+    means = {c: x32[y == c].mean(0) for c in (0, 2, 3)}
+    pooled = sum((x32[y == c] - means[c]).T @ (x32[y == c] - means[c]) for c in means) / (90 - 3)
+    for c, mean in means.items():
+        np.testing.assert_allclose(stats.means()[c].numpy(), mean, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(stats.covariance().numpy(), pooled, rtol=0, atol=1e-10)
+
+
+def test_anchors_are_drawn_from_the_stored_gaussians():
+    stats = ClassStatistics(3)
+    rng = np.random.default_rng(1)
+    cov = np.array([[1.0, 0.5, 0.0], [0.5, 2.0, 0.3], [0.0, 0.3, 0.5]])
+    centres = np.array([[0.0, 0.0, 0.0], [5.0, -3.0, 1.0]])
+    for c in (0, 1):
+        stats.update(torch.tensor(rng.multivariate_normal(centres[c], cov, 4000)), torch.full((4000,), c))
+    samples, labels = stats.sample(torch.tensor([0, 1]), 20000, 0.0, torch.Generator().manual_seed(0))
+    assert labels.bincount().tolist() == [20000, 20000]
+    for c in (0, 1):
+        drawn = samples[labels == c].double()
+        torch.testing.assert_close(drawn.mean(0), stats.means()[c], rtol=0, atol=0.05)
+        torch.testing.assert_close(torch.cov(drawn.T), stats.covariance(), rtol=0, atol=0.06)
+    # Shrinkage moves the covariance towards tr/d * I, keeping the trace.
+    shrunk = stats.sampler(0.5) @ stats.sampler(0.5).T
+    torch.testing.assert_close(torch.trace(shrunk), torch.trace(stats.covariance()), rtol=1e-6, atol=1e-6)
+
+
+def test_stage2_anchors_come_from_the_method_statistics():
+    stream = feature_stream(2, train_per_class=20)
+    model, _ = fit(small_config(dcda_window=1, anchors_per_class=3), stream)
+    method = model.method
+    # Every training feature was folded in: 40 per class, over the 4 classes.
+    assert method.class_stats.counts.tolist() == [20.0] * 4
+    drawn, labels = method.draw_anchors(model, torch.zeros(1))
+    assert labels.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
+    # In 'memory_output' space an anchor is a draw of the stored Gaussian, with the step's generator.
+    generator = torch.Generator().manual_seed(method.config.memory_init_seed * 1_000_003 + method.steps_seen)
+    expected, _ = method.class_stats.sample(torch.arange(4), 3, method.config.covariance_shrinkage, generator)
+    torch.testing.assert_close(drawn, expected, rtol=0, atol=0)
+
+
+def test_backbone_space_anchors_are_routed_through_the_memory():
+    stream = feature_stream(2, train_per_class=20)
+    model, _ = fit(small_config(dcda_window=1, class_stats_space="backbone"), stream)
+    method = model.method
+    # Statistics of the frozen features: their means are those of the raw training data.
+    raw = torch.tensor(np.stack(stream[0].train["features"]), dtype=torch.float32)
+    labels = torch.tensor(stream[0].train["label"])
+    torch.testing.assert_close(method.class_stats.means()[0].float(), raw[labels == 0].mean(0), rtol=0, atol=1e-5)
+    drawn, _ = method.draw_anchors(model, torch.zeros(1))
+    generator = torch.Generator().manual_seed(method.config.memory_init_seed * 1_000_003 + method.steps_seen)
+    h, _ = method.class_stats.sample(torch.arange(4), method.config.anchors_per_class, method.config.covariance_shrinkage, generator)
+    with torch.no_grad():
+        torch.testing.assert_close(drawn, method.memory(h).output, rtol=0, atol=0)
+
+
+def test_stage2_trains_on_anchors_of_old_classes():
+    stream = feature_stream(2, train_per_class=10)
+    model, _ = fit(small_config(dcda_window=1), stream[:1])
+    method = model.method
+    model.grow_head(4)
+    method.begin_task(model, stream[1], _ctx())
+    while method.stage() != 2:
+        method.task_step += 1
+    model.train()
+    losses = model(**FeatureCollator()([stream[1].train[i] for i in range(6)])).losses
+    assert {"ce", "lwf", "align", "anchor"} <= set(losses)
+
+
+# ---- distillation that bounds new-class logits -----------------------------------------------------------
+
+
+def test_distillation_over_all_logits_is_old_logit_kd_plus_new_class_mass_penalty():
+    torch.manual_seed(0)
+    student, teacher, T = torch.randn(6, 5), torch.randn(6, 3), 3.0
+    mass_new = F.softmax(student / T, dim=-1)[:, 3:].sum(-1)
+    expected = distillation(student[:, :3], teacher, T) - torch.log1p(-mass_new).mean() * T**2
+    torch.testing.assert_close(distillation(student, teacher, T), expected)
+    # Equal widths: the Hinton KL, as torch computes it.
+    reference = F.kl_div(F.log_softmax(student[:, :3] / T, -1), F.softmax(teacher / T, -1), reduction="batchmean") * T**2
+    torch.testing.assert_close(distillation(student[:, :3], teacher, T), reference)
+
+
+def test_new_class_logits_are_bounded_by_the_distillation_term():
+    """Old-class-like inputs whose new-class logits start far above the old ones: the bounded
+    term drives them below every old logit; old-logit-only distillation cannot touch them."""
+    torch.manual_seed(0)
+    teacher = torch.randn(16, 3) * 2
+    start = torch.cat([teacher.clone(), torch.full((16, 2), 8.0)], dim=1)
+    for bounded in (True, False):
+        student = start.clone().requires_grad_(True)
+        optimizer = torch.optim.SGD([student], lr=1.0)
+        for _ in range(300):
+            loss = distillation(student if bounded else student[:, :3], teacher, 3.0)
+            optimizer.zero_grad()
+            loss.backward()
+            if bounded:
+                assert (student.grad[:, 3:] > 0).all()  # every new logit is pushed down
+            else:
+                assert student.grad is None or (student.grad[:, 3:] == 0).all()
+            optimizer.step()
+        new, old = student.detach()[:, 3:], student.detach()[:, :3]
+        if bounded:
+            assert (new.max(1).values < old.max(1).values).all()
+            mass = F.softmax(student.detach() / 3.0, -1)[:, 3:].sum(-1)
+            assert mass.max() < 0.1 < F.softmax(start / 3.0, -1)[:, 3:].sum(-1).min()
+        else:
+            assert torch.equal(new, start[:, 3:])
+
+
+def test_anchor_distillation_reaches_new_class_rows_only_when_bounded():
+    stream = feature_stream(2, train_per_class=10)
+    for bounded in (True, False):
+        model, _ = fit(small_config(dcda_window=1, bound_new_classes=bounded, lambda_align=0.0), stream[:1])
+        method = model.method
+        model.grow_head(4)
+        method.begin_task(model, stream[1], _ctx())
+        routing = method.memory(torch.tensor(np.stack(stream[1].train["features"][:4]), dtype=torch.float32))
+        model.head.zero_grad()
+        anchor = method.stage2_losses(model, routing, model.head(routing.output))["anchor"]
+        anchor.backward()
+        assert (model.head.weight.grad[2:].abs().sum() > 0) == bounded
+
+
+# ---- keys over the stream ---------------------------------------------------------------------------
+
+
+def test_keys_are_seeded_from_every_task():
+    n_domains = 3
+    model, _ = fit(small_config(use_sgse=False, keys_per_task=2, dcda_window=100), feature_stream(n_domains))
+    method = model.method
+    history = method.extra_state()["slot_history"]
+    starts = [step for step, _ in method.task_start_history]
+    # Two slots switched on at each later task's first step.
+    assert history == [[0, 4], [starts[1] + 1, 5], [starts[1] + 1, 6], [starts[2] + 1, 7], [starts[2] + 1, 8]]
+    # Each slot's key points into the domain it was keyed in (domain k lives on axes 4k..4k+3).
+    keys = method.memory.keys.detach()[: method.memory.num_slots]
+    domain_of_key = [int(k.abs().reshape(-1)[: 4 * n_domains].reshape(n_domains, 4).sum(1).argmax()) for k in keys]
+    assert domain_of_key == [0, 0, 0, 0, 1, 1, 2, 2]
+
+
+# ---- the probe reads h~ -----------------------------------------------------------------------------
+
+
+def test_features_are_the_memory_output():
+    model = get_cl_model(tiny_vit(), small_config())
+    model.grow_head(2)
+    with torch.no_grad():
+        model.method.memory.beta[:4] += 1.5  # an adapter that is not the identity
+    h = torch.randn(5, D)
+    model.eval()
+    out = model(features=h)
+    expected = model.method.memory(h).output
+    torch.testing.assert_close(out.features, expected, rtol=0, atol=0)
+    assert not torch.allclose(out.features, F.layer_norm(h, (D,)))
+
+
+# ---- SGSE measured against task boundaries -------------------------------------------------------------
+
+
+def test_expansion_timing_against_boundaries():
+    timing = expansion_timing([5, 103, 110, 111, 250], boundary_steps=[100, 200], total_steps=300, window=10)
+    assert (timing.expansions, timing.near_boundary, timing.away_from_boundary) == (5, 2, 3)  # 103, 110
+    assert timing.near_boundary_fraction == pytest.approx(0.4)
+    assert timing.expected_fraction == pytest.approx(20 / 300)
+    assert timing.lift == pytest.approx(0.4 / (20 / 300))
+    assert (timing.boundaries_detected, timing.boundaries) == (1, 2)
+    assert expansion_timing([], [100], 300, 10).near_boundary_fraction is None
+
+
+def test_sgse_rarely_expands_on_a_stationary_stream():
+    rng = np.random.default_rng(0)
+    test = ExpansionTest(D)
+    confidences = stationary_confidences("router", 1000, rng)
+    fired = [i for i, s in enumerate(confidences) if test.observe(float(s))]
+    # ~50 tests at alpha = 0.05 each: about 2.5 false expansions expected, and fewer measured.
+    assert len(fired) <= 3, fired
+
+
+def test_sgse_on_top_similarity_fires_after_abrupt_shifts():
+    """Orthogonal domains, one per task, no per-task keys: SGSE must find each new domain
+    soon after its boundary, far more often than expansions at random steps would."""
+    config = small_config(keys_per_task=0, max_slots=20, novelty_statistic="top_similarity")
+    model, _ = fit(config, feature_stream(4, train_per_class=60))
+    timing = model.method.sgse_timing(window=6)
+    assert timing.boundaries == 3 and timing.boundaries_detected == 3, model.method.expansion_history
+    assert timing.lift > 2.0 and timing.away_from_boundary <= 1
+    assert model.method.extra_state()["sgse_timing"]["expansions"] == timing.expansions
+
+
+def test_top_probability_misses_orthogonal_domains():
+    """The paper's statistic, measured: keys seeded on one domain sit close together, so its
+    inputs split their mass over several slots (s ~ 0.6), while an orthogonal domain, far from
+    every key, is routed to whichever key is least far with s ~ 0.8. Confidence rises at the
+    shift, and SGSE misses boundaries it is meant to detect."""
+    model, _ = fit(small_config(keys_per_task=0, max_slots=20), feature_stream(4, train_per_class=60))
+    assert model.method.sgse_timing(window=6).boundaries_detected < 3, model.method.expansion_history
+
+
+@pytest.mark.parametrize("statistic", ["top_probability", "top_similarity"])
+def test_sgse_on_the_method_stays_quiet_on_a_stationary_stream(statistic):
+    """Four tasks drawn from one domain (new labels, same inputs): no shift to find."""
+    rng = np.random.default_rng(3)
+    stream = []
+    for k in range(4):
+        splits = {}
+        for split, n in (("train", 60), ("test", 10)):
+            feats = np.concatenate([domain_features(0, c, n, rng) for c in (0, 1)])
+            splits[split] = Dataset.from_dict({"features": feats, "label": np.repeat([2 * k, 2 * k + 1], n).tolist()})
+        stream.append(Experience(k, f"same{k}", [2 * k, 2 * k + 1], splits["train"].shuffle(seed=k), splits["test"]))
+    model, _ = fit(small_config(keys_per_task=0, max_slots=20, novelty_statistic=statistic), stream)
+    assert len(model.method.expansion_history) <= 2, model.method.expansion_history
+
+
+def test_stage1_rehearses_the_memory_on_routed_anchors():
+    """One input alone has no positive for the contrastive loss; with rehearse_memory the
+    anchors of its class (and of every seen class) join the contrast, with gradient into the memory."""
+    stream = feature_stream(2, train_per_class=10)
+    with pytest.raises(ValueError, match="rehearse_memory"):
+        small_config(rehearse_memory=True)
+    for rehearse in (False, True):
+        config = small_config(dcda_window=1, class_stats_space="backbone", rehearse_memory=rehearse, anchors_per_class=2)
+        model, _ = fit(config, stream[:1])
+        method = model.method
+        model.grow_head(4)
+        method.begin_task(model, stream[1], _ctx())
+        while method.stage() != 1:
+            method.task_step += 1
+        model.train()
+        supcon = model(**FeatureCollator()([stream[1].train[0]])).losses["supcon"]
+        if rehearse:
+            supcon.backward()
+            assert supcon > 0 and method.memory.gamma.grad.abs().sum() > 0
+        else:
+            assert supcon == 0

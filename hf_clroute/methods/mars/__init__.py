@@ -1,11 +1,15 @@
 """MaRS: slot-routed memory with statistical expansion (SGSE) and two-stage retention (DCDA)."""
 
 from ...registry import register_method
+from .class_statistics import ClassStatistics
 from .config import MarsConfig
 from .method import Mars
-from .sgse import ExpansionTest, wilson_lower_bound
+from .sgse import ExpansionTest, ExpansionTiming, expansion_timing, wilson_lower_bound
 from .slot_memory import SlotCapacityError, SlotMemory
 
 register_method(MarsConfig, Mars)
 
-__all__ = ["ExpansionTest", "Mars", "MarsConfig", "SlotCapacityError", "SlotMemory", "wilson_lower_bound"]
+__all__ = [
+    "ClassStatistics", "ExpansionTest", "ExpansionTiming", "Mars", "MarsConfig", "SlotCapacityError", "SlotMemory",
+    "expansion_timing", "wilson_lower_bound",
+]

@@ -1,9 +1,10 @@
-"""``MarsConfig``: every hyper-parameter of MaRS (SPEC section 5) as a default.
+"""``MarsConfig``: every hyper-parameter of MaRS as a default.
 
 MaRS = a slot memory on a frozen encoder's pooled features (router + per-slot
 affine adapters), SGSE (a statistical test that decides when to add a slot) and
 DCDA (two-stage training: memory with a contrastive loss, then the head with
-distillation on current inputs and on slot anchors).
+distillation on current inputs and rehearsal of every seen class from its
+running Gaussian statistics: the anchors).
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ class MarsConfig(CLConfig):
 
     # ---- SGSE: when to add a slot --------------------------------------------------
     use_sgse: bool = field(default=True, metadata={"help": "Ablation switch: False keeps the S_0 slots fixed."})
+    novelty_statistic: str = field(
+        default="top_probability",
+        metadata={
+            "help": "What SGSE tests per input. 'top_probability': s = max_i p_i, the top-slot router "
+            "confidence (the paper's); it is relative (a softmax over cosines), so an input far from every "
+            "key can still be routed confidently when one key is slightly less far than the others. "
+            "'top_similarity': max_i cos(q, k_i), how close the nearest key is, which drops for any input "
+            "no slot covers."
+        },
+    )
     quantile_beta: float = field(default=0.9, metadata={"help": "beta: EMA factor of the quantile tracker Q_t."})
     quantile_window: int = field(default=10, metadata={"help": "w: recent confidences the quantile q_t is taken over."})
     quantile_eps: float = field(
@@ -74,16 +85,78 @@ class MarsConfig(CLConfig):
     supcon_temperature: float = field(default=0.1, metadata={"help": "Temperature of the supervised contrastive loss."})
     lambda_smooth: float = field(default=0.3, metadata={"help": "Weight of the smoothness term mean ||h~ - LN(h)||^2."})
     distill_temperature: float = field(default=3.0, metadata={"help": "T of the LwF and anchor distillation."})
-    lambda_lwf: float = field(default=1.0, metadata={"help": "Weight of LwF distillation on current inputs."})
-    lambda_anchor: float = field(default=1.0, metadata={"help": "Weight of distillation on slot anchors."})
-    stat_momentum: float = field(default=0.99, metadata={"help": "EMA factor of the router-weighted slot statistics."})
-    varsigma: float = field(
-        default=1e-3,
-        metadata={"help": "Floor of the slot mass c_i in anchors mu_i / max(c_i, varsigma); lighter slots give no anchor."},
+    lambda_lwf: float = field(
+        default=1.0, metadata={"help": "Weight of LwF distillation (old classes' logits) on current inputs."}
+    )
+
+    # ---- rehearsal from class statistics (the anchors) ---------------------------------
+    class_stats_space: str = field(
+        default="memory_output",
+        metadata={
+            "help": "Which features the per-class Gaussians (exact running means + one shared covariance) "
+            "describe. 'memory_output': h~ as the head saw it in training (samples go to the head as they "
+            "are; old classes' statistics describe the memory as it was then); 'backbone': the frozen h "
+            "(never stale), and each sample is routed through the current memory to give its h~."
+        },
+    )
+    anchors_per_class: int = field(
+        default=16,
+        metadata={"help": "Samples drawn per seen class from its Gaussian at every stage-2 step (the anchors)."},
+    )
+    covariance_shrinkage: float = field(
+        default=0.1,
+        metadata={
+            "help": "s in (1 - s) Sigma + s (tr Sigma / d) I, the covariance the anchors are drawn with: "
+            "keeps it positive definite while it is estimated from fewer features than dimensions."
+        },
+    )
+    lambda_align: float = field(
+        default=1.0,
+        metadata={
+            "help": "Weight of classifier alignment: cross-entropy over every seen class on the anchors of "
+            "every seen class (class-balanced, so the head sees old and new classes equally often)."
+        },
+    )
+    lambda_anchor: float = field(
+        default=1.0, metadata={"help": "Weight of distillation from the previous head on the old classes' anchors."}
+    )
+    bound_new_classes: bool = field(
+        default=True,
+        metadata={
+            "help": "True: the anchor distillation is KL over all the head's classes, the previous head "
+            "giving the new classes zero probability, which adds -log(1 - new-class mass) and so holds "
+            "new-class logits below old ones on old-class anchors; False: KL over old classes' logits only."
+        },
+    )
+    rehearse_memory: bool = field(
+        default=False,
+        metadata={
+            "help": "Stage 1 also contrasts the anchors of every seen class (drawn as frozen h and routed "
+            "through the memory with gradient), so the memory is trained to separate all classes seen, "
+            "not only the current batch's; needs class_stats_space='backbone'."
+        },
+    )
+    keys_per_task: int = field(
+        default=4,
+        metadata={
+            "help": "Slots switched on at each later task's start, keyed by that task's first queries "
+            "(task 0 keys the num_slots initial slots), so keys cover the whole stream, not only task 0. "
+            "0: only SGSE adds slots after task 0."
+        },
+    )
+    timing_window: int = field(
+        default=10,
+        metadata={
+            "help": "Measurement only: an SGSE expansion within this many steps after a task boundary counts "
+            "as detecting it (extra_state()['sgse_timing'])."
+        },
     )
 
     # ---- ablations ---------------------------------------------------------------------
-    use_anchors: bool = field(default=True, metadata={"help": "Ablation switch: False drops anchor distillation."})
+    use_anchors: bool = field(
+        default=True,
+        metadata={"help": "Ablation switch: False draws no anchors (no alignment, no anchor distillation)."},
+    )
     use_stage1: bool = field(
         default=True, metadata={"help": "Ablation switch: False never trains the memory (every step is stage 2)."}
     )
@@ -94,6 +167,8 @@ class MarsConfig(CLConfig):
 
     SCHEDULES: ClassVar[tuple[str, ...]] = ("alternate", "sequential")
     KEY_INITS: ClassVar[tuple[str, ...]] = ("data", "random")
+    NOVELTY_STATISTICS: ClassVar[tuple[str, ...]] = ("top_probability", "top_similarity")
+    STATS_SPACES: ClassVar[tuple[str, ...]] = ("memory_output", "backbone")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -101,18 +176,28 @@ class MarsConfig(CLConfig):
             raise ValueError("MarsConfig.freeze_backbone must be True: MaRS adapts a frozen encoder's features")
         self._check_positive(
             "num_slots", "max_slots", "tau_r", "quantile_window", "test_trials", "wilson_z", "dcda_window",
-            "supcon_temperature", "distill_temperature", "varsigma",
+            "supcon_temperature", "distill_temperature", "anchors_per_class", "timing_window",
         )
-        self._check_fraction("quantile_beta", "quantile_eps", "alpha", "stage1_fraction", "stat_momentum")
+        self._check_fraction("quantile_beta", "quantile_eps", "alpha", "stage1_fraction", "covariance_shrinkage")
         if self.max_slots < self.num_slots:
             raise ValueError(f"MarsConfig.max_slots ({self.max_slots}) must be >= num_slots ({self.num_slots})")
         if self.query_dim is not None:
             self._check_positive("query_dim")
-        for name in ("lambda_smooth", "lambda_lwf", "lambda_anchor"):
+        for name in ("lambda_smooth", "lambda_lwf", "lambda_align", "lambda_anchor", "keys_per_task"):
             if getattr(self, name) < 0:
                 raise ValueError(f"MarsConfig.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.dcda_schedule not in self.SCHEDULES:
             raise ValueError(f"MarsConfig.dcda_schedule must be one of {self.SCHEDULES}, got {self.dcda_schedule!r}")
+        if self.class_stats_space not in self.STATS_SPACES:
+            raise ValueError(
+                f"MarsConfig.class_stats_space must be one of {self.STATS_SPACES}, got {self.class_stats_space!r}"
+            )
+        if self.rehearse_memory and self.class_stats_space != "backbone":
+            raise ValueError("MarsConfig.rehearse_memory needs class_stats_space='backbone' (anchors routed with gradient)")
+        if self.novelty_statistic not in self.NOVELTY_STATISTICS:
+            raise ValueError(
+                f"MarsConfig.novelty_statistic must be one of {self.NOVELTY_STATISTICS}, got {self.novelty_statistic!r}"
+            )
         if self.key_init not in self.KEY_INITS:
             raise ValueError(f"MarsConfig.key_init must be one of {self.KEY_INITS}, got {self.key_init!r}")
         if not (self.use_stage1 or self.use_stage2):

@@ -1,6 +1,8 @@
 """MaRS on the CLModel hooks: slot memory + SGSE + DCDA over frozen pooled features.
 
 Forward: h (frozen, pooled) -> memory -> h~ -> the shared incremental head g.
+``out.features`` is h~ (what the head reads, in training and evaluation), so the
+deep-forgetting probe measures the memory's output, not the frozen h.
 
 DCDA stages, and how they are kept apart. The engine builds one optimizer at
 task start over every parameter with ``requires_grad``, so the memory and the
@@ -11,25 +13,39 @@ autograd graph* instead of freezing it (the whole step, loss included, is one
 * stage 1 (memory only): logits use detached head weights, the loss is
   supervised contrastive on h~ + lambda_smooth * mean ||h~ - LN(h)||^2;
 * stage 2 (head only): the memory runs under ``no_grad``, the loss is CE + LwF
-  distillation on current inputs + distillation on slot anchors (T = 3).
+  distillation on current inputs + rehearsal on anchors (below).
 
 A parameter outside the graph gets ``grad=None``, which AdamW and SGD skip
 entirely (no momentum, no weight decay), so stage 1 provably never changes the
 head and stage 2 never the memory. (Multiplying a loss by zero would not do:
 Adam's momentum would still move the parameters.)
 
+Anchors. Every training feature is folded into exact running per-class
+statistics (means and one shared covariance, ``ClassStatistics``), of h~ or of
+the frozen h (``class_stats_space``). Each stage-2 step draws anchors from
+those class Gaussians for every class seen so far and trains the head on them:
+cross-entropy over all seen classes (classifier alignment, class-balanced, so
+the head stops favouring the classes of the current batch) and distillation
+from the previous head on the old classes' anchors. Nothing from the stream is
+stored but the sums. The statistics are folded in from the *gathered* global
+batch, so every process holds the same sums without a separate reduce.
+
 The smoothness term compares h~ with LN(h), the memory's identity output,
 rather than raw h: the per-slot affine cannot undo the per-sample
 normalisation, so "no drift" means h~ = LN(h).
 
-SGSE sees every training input (the confidences and queries of the global
-batch, gathered across processes, so every process takes the same decision)
-and switches on a preallocated slot when it fires: the parameter set never
-changes mid-task.
+Keys. Task 0's first queries key the num_slots initial slots; each later task's
+first queries key ``keys_per_task`` new slots, so every part of the stream has
+keys of its own. SGSE sees every other training input (the confidences and
+queries of the global batch, so every process takes the same decision) and
+switches on a preallocated slot when it fires: the parameter set never changes
+mid-task. Its expansions and the task boundaries are recorded, so
+``sgse_timing`` can say whether it fires at the shifts it is meant to detect.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import TYPE_CHECKING, Any
 
@@ -38,8 +54,9 @@ import torch.nn.functional as F
 
 from ...outputs import CLModelOutput, model_inputs
 from ..base import ContinualMethod, StepContext
+from .class_statistics import ClassStatistics
 from .config import MarsConfig
-from .sgse import ExpansionTest
+from .sgse import ExpansionTest, ExpansionTiming, expansion_timing
 from .slot_memory import Routing, SlotCapacityError, SlotMemory
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -63,10 +80,26 @@ def supervised_contrastive(features: torch.Tensor, labels: torch.Tensor, tempera
 
 
 def distillation(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """KL(teacher || student) on temperature-softened outputs, scaled by T^2 (Hinton et al.)."""
-    log_student = F.log_softmax(student / temperature, dim=-1)
-    soft_teacher = F.softmax(teacher / temperature, dim=-1)
-    return F.kl_div(log_student, soft_teacher, reduction="batchmean") * temperature**2
+    """KL(teacher || student) on temperature-softened outputs, scaled by T^2 (Hinton et al.).
+
+    ``teacher`` may cover only the first k of the student's classes (the previous head
+    knew only the old ones): it then gives the other classes probability zero and the
+    student's softmax runs over all of them. Writing m_new for the student's mass on the
+    classes the teacher lacks and s_old for its softmax renormalised over the old ones,
+
+        KL(teacher || student) = KL(teacher || s_old) - log(1 - m_new),
+
+    the usual old-logit distillation plus a penalty that is zero only when the new classes
+    get no mass; its gradient on every new logit is s_j / T > 0, so it pushes new-class
+    logits below the old ones wherever it is applied. That is right on old-class inputs
+    only, so MaRS applies the full form to old classes' anchors and the old-logit form
+    (equal widths) to the current batch, whose inputs belong to the new classes.
+    """
+    k = teacher.shape[-1]
+    log_student = F.log_softmax(student / temperature, dim=-1)[:, :k]
+    log_teacher = F.log_softmax(teacher / temperature, dim=-1)
+    per_sample = (log_teacher.exp() * (log_teacher - log_student)).sum(dim=-1)
+    return per_sample.mean() * temperature**2
 
 
 class Mars(ContinualMethod):
@@ -74,17 +107,28 @@ class Mars(ContinualMethod):
     supported_modalities = ("image", "text")
     uses_head = True
 
+    _COUNTERS = (
+        "task_step", "task_samples", "task_plan", "keys_seeded", "old_classes", "classes_trained",
+        "skipped_expansions", "steps_seen", "tasks_started", "task_keys_left",
+    )
+    _HISTORIES = ("slot_history", "expansion_history", "task_start_history")
+
     def __init__(self, config: MarsConfig) -> None:
         super().__init__(config)
         self.config: MarsConfig = config
         self.task_step = 0  # steps and (global) samples trained in the current task
         self.task_samples = 0
         self.task_plan = 0  # samples the current task will train on (for 'sequential')
-        self.keys_seeded = 0  # data-initialised keys so far
+        self.keys_seeded = 0  # initial slots keyed from data so far
         self.old_classes = 0  # classes the head knew before this task (the teacher's outputs)
         self.classes_trained = 0
         self.skipped_expansions = 0
-        self.slot_history: list[list[int]] = []
+        self.steps_seen = 0  # training steps over the whole stream
+        self.tasks_started = 0
+        self.task_keys_left = 0  # slots still to key from the current task's first queries
+        self.slot_history: list[list[int]] = []  # [step, slots] at every growth
+        self.expansion_history: list[list[int]] = []  # [step, slots] at SGSE's expansions only
+        self.task_start_history: list[list[int]] = []  # [steps done before the task, task id]
 
     # ---- structure ------------------------------------------------------------------
     def attach(self, model: "CLModel") -> None:
@@ -99,15 +143,13 @@ class Mars(ContinualMethod):
             eps=cfg.quantile_eps, trials=cfg.test_trials, z=cfg.wilson_z, alpha=cfg.alpha,
             threshold=cfg.expansion_threshold,
         )
+        self.class_stats = ClassStatistics(hidden)
         if cfg.key_init == "random":
             self.keys_seeded = cfg.num_slots
-        # Teacher (the head before this task) and the anchors it is distilled on; resized
-        # at task start and in load_extra_state, saved with the adapter like any buffer.
+        # Teacher (the head before this task); resized at task start and in load_extra_state,
+        # saved with the adapter like any buffer.
         self.register_buffer("teacher_weight", torch.zeros(0, hidden))
         self.register_buffer("teacher_bias", torch.zeros(0))
-        self.register_buffer("anchor_slots", torch.zeros(0, dtype=torch.long))
-        self.register_buffer("anchor_means", torch.zeros(0, hidden))
-        self.register_buffer("anchor_targets", torch.zeros(0, 0))
         self.slot_history = [[0, self.memory.num_slots]]
 
     # ---- stages ---------------------------------------------------------------------
@@ -124,8 +166,8 @@ class Mars(ContinualMethod):
 
     # ---- forward ---------------------------------------------------------------------
     def forward(self, model: "CLModel", batch: dict[str, torch.Tensor]) -> CLModelOutput:
-        """h -> memory -> h~ -> head; in training the stage's loss, and the routing statistics
-        ``after_step`` folds into the memory and SGSE (in ``extras``)."""
+        """h -> memory -> h~ -> head; in training the stage's loss, and what ``after_step``
+        folds into the class statistics and SGSE (in ``features`` and ``extras``)."""
         h = self.features(model, model_inputs(batch))
         if not self.training or "labels" not in batch:
             out_h = self.memory(h).output
@@ -143,29 +185,71 @@ class Mars(ContinualMethod):
         if stage == 2:  # the head's CE: the base loss, so ``current_task_loss`` applies
             losses = {"ce": self.loss(model, batch, logits), **self.stage2_losses(model, routing, logits)}
         else:
-            losses = {"supcon": supervised_contrastive(routing.output, labels, self.config.supcon_temperature)}
+            outputs, normed, contrasted = routing.output, routing.normed, labels
+            drawn = self.anchor_samples(model, h) if self.config.rehearse_memory else None
+            if drawn is not None:  # anchors of every seen class, routed with gradient
+                anchor_routing = self.memory(drawn[0])
+                outputs = torch.cat([outputs, anchor_routing.output])
+                normed = torch.cat([normed, anchor_routing.normed])
+                contrasted = torch.cat([labels, drawn[1]])
+            losses = {"supcon": supervised_contrastive(outputs, contrasted, self.config.supcon_temperature)}
             if not self.config.use_stage2:
                 losses["ce"] = self.loss(model, batch, logits)
-            smooth = (routing.output - routing.normed).pow(2).sum(dim=-1).mean()
+            smooth = (outputs - normed).pow(2).sum(dim=-1).mean()
             losses["smooth"] = self.config.lambda_smooth * smooth
-        extras = {k: getattr(routing, k).detach() for k in ("normed", "probs", "query", "confidence")}
+        novelty = routing.similarity if self.config.novelty_statistic == "top_similarity" else routing.confidence
+        extras = {"query": routing.query.detach(), "confidence": novelty.detach()}
+        if self.config.class_stats_space == "backbone":
+            extras["backbone"] = h.detach()
         return CLModelOutput(
             loss=sum(losses.values()), logits=logits, losses=losses, features=routing.output.detach(), extras=extras
         )
 
     def stage2_losses(self, model: "CLModel", routing: Routing, logits: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Distillation of the old classes: on current inputs (LwF) and on the slot anchors."""
+        """LwF on current inputs; alignment and distillation on anchors drawn from the class Gaussians."""
         cfg, n_old, T = self.config, self.old_classes, self.config.distill_temperature
-        if n_old == 0:
-            return {}
-        teacher = F.linear(routing.output, self.teacher_weight, self.teacher_bias)
-        terms = {"lwf": cfg.lambda_lwf * distillation(logits[:, :n_old], teacher, T)}
-        if cfg.use_anchors and len(self.anchor_slots):
-            with torch.no_grad():
-                anchors = self.memory.anchors(self.anchor_slots, self.anchor_means)
-            student = model.head(anchors)[:, :n_old]
-            terms["anchor"] = cfg.lambda_anchor * distillation(student, self.anchor_targets, T)
+        terms = {}
+        if n_old and cfg.lambda_lwf:
+            teacher = F.linear(routing.output, self.teacher_weight, self.teacher_bias)
+            terms["lwf"] = cfg.lambda_lwf * distillation(logits[:, :n_old], teacher, T)
+        drawn = self.draw_anchors(model, routing.output) if cfg.use_anchors else None
+        if drawn is None:
+            return terms
+        anchors, labels = drawn
+        anchor_logits = model.head(anchors)
+        if cfg.lambda_align:
+            terms["align"] = cfg.lambda_align * F.cross_entropy(anchor_logits, labels)
+        old = labels < n_old
+        if n_old and cfg.lambda_anchor and bool(old.any()):
+            teacher = F.linear(anchors[old], self.teacher_weight, self.teacher_bias)
+            student = anchor_logits[old] if cfg.bound_new_classes else anchor_logits[old][:, :n_old]
+            terms["anchor"] = cfg.lambda_anchor * distillation(student, teacher, T)
         return terms
+
+    @torch.no_grad()
+    def anchor_samples(self, model: "CLModel", like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``anchors_per_class`` draws from the Gaussian of every seen class with a head row, in
+        the statistics' own space (h~ or frozen h), and their labels; None before any feature.
+
+        The generator is seeded by the run seed and the step, so a resumed run draws the same
+        anchors as one that never stopped, and the global RNG stream (data order) is untouched."""
+        cfg = self.config
+        classes = self.class_stats.seen()
+        classes = classes[classes < model.head.num_classes]
+        if not len(classes):
+            return None
+        generator = torch.Generator().manual_seed(cfg.memory_init_seed * 1_000_003 + self.steps_seen)
+        samples, labels = self.class_stats.sample(classes, cfg.anchors_per_class, cfg.covariance_shrinkage, generator)
+        return samples.to(like), labels.to(like.device)
+
+    @torch.no_grad()
+    def draw_anchors(self, model: "CLModel", like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Anchors as the head reads them (h~) and their labels: samples of h~ as drawn, or samples
+        of the frozen h routed through the memory as it is now."""
+        drawn = self.anchor_samples(model, like)
+        if drawn is None or self.config.class_stats_space == "memory_output":
+            return drawn
+        return self.memory(drawn[0]).output, drawn[1]
 
     # ---- hooks -----------------------------------------------------------------------
     def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
@@ -173,79 +257,94 @@ class Mars(ContinualMethod):
             return
         self.task_plan = len(experience.train) * ctx.epochs
         self.old_classes = self.classes_trained
+        self.class_stats.resize(model.head.num_classes)
+        self.tasks_started += 1
+        self.task_keys_left = self.config.keys_per_task if self.tasks_started > 1 else 0
+        self.task_start_history.append([ctx.global_step, ctx.task_id])
         self._snapshot_teacher(model)
 
     @torch.no_grad()
     def _snapshot_teacher(self, model: "CLModel") -> None:
-        """Keep the head as it was before this task and its outputs on the slot anchors."""
+        """Keep the head as it was before this task."""
         n = self.old_classes
         self.teacher_weight = model.head.weight[:n].detach().clone()
         self.teacher_bias = model.head.bias[:n].detach().clone()
-        self.anchor_slots = self.memory.anchor_slots(self.config.varsigma)
-        self.anchor_means = self.memory.anchor_means(self.config.varsigma)[self.anchor_slots].clone()
-        anchors = self.memory.anchors(self.anchor_slots, self.anchor_means)
-        self.anchor_targets = F.linear(anchors, self.teacher_weight, self.teacher_bias)
 
     @torch.no_grad()
     def after_step(self, model: "CLModel", batch, out: CLModelOutput, ctx: StepContext) -> None:
-        gathered = [ctx.gather(out.extras[k]) for k in ("normed", "probs", "query", "confidence")]
-        normed, probs, query, confidence = (t.float() for t in gathered)
-        self.memory.update_statistics(normed, probs, self.config.stat_momentum)
+        space = out.extras["backbone"] if self.config.class_stats_space == "backbone" else out.features
+        labels = ctx.gather(batch["labels"])
+        self.class_stats.update(ctx.gather(space).float(), labels)
+        query, confidence = (ctx.gather(out.extras[k]).float() for k in ("query", "confidence"))
         self._observe(query, confidence, ctx.global_step + 1)
         self.task_step += 1
         self.task_samples += len(confidence)
+        self.steps_seen += 1
 
     def _observe(self, query: torch.Tensor, confidence: torch.Tensor, step: int) -> None:
-        """Seed the keys from the first queries, then feed every input to SGSE."""
+        """Key the initial slots from the first queries and a task's new slots from its first
+        queries; feed every other input to SGSE."""
         cfg = self.config
         for i, value in enumerate(confidence.tolist()):  # one device sync per step, not per input
             if self.keys_seeded < cfg.num_slots:
                 self.memory.set_key(self.keys_seeded, query[i])
                 self.keys_seeded += 1
-                continue
-            if cfg.use_sgse and self.sgse.observe(value, query[i]):
-                self._expand(step)
+            elif self.task_keys_left:
+                self.task_keys_left -= 1
+                if self._add_slot(query[i], step):
+                    # The routing mass is redistributed: SGSE's level no longer describes it.
+                    self.sgse.relearn_level()
+            elif cfg.use_sgse and self.sgse.observe(value, query[i]) and self._add_slot(self.sgse.new_key, step):
+                self.expansion_history.append([step, self.memory.num_slots])
 
-    def _expand(self, step: int) -> None:
+    def _add_slot(self, key: torch.Tensor, step: int) -> bool:
         try:
-            self.memory.add_slot(self.sgse.new_key)
+            self.memory.add_slot(key)
         except SlotCapacityError:
             if not self.skipped_expansions:
                 warnings.warn(
-                    f"MaRS: SGSE detected novel inputs but all max_slots={self.config.max_slots} slots are "
-                    "in use; the expansion is skipped (raise MarsConfig.max_slots to let the memory grow). "
+                    f"MaRS: a new slot was due but all max_slots={self.config.max_slots} slots are "
+                    "in use; it is skipped (raise MarsConfig.max_slots to let the memory grow). "
                     "Further skips are counted in extra_state()['skipped_expansions'].",
                     stacklevel=2,
                 )
             self.skipped_expansions += 1
-            return
+            return False
         self.slot_history.append([step, self.memory.num_slots])
+        return True
 
     def on_task_end(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
         self.classes_trained = model.head.num_classes
         self.task_step = self.task_samples = 0
 
-    # ---- saving ---------------------------------------------------------------------
-    _COUNTERS = ("task_step", "task_samples", "task_plan", "keys_seeded", "old_classes", "classes_trained", "skipped_expansions")
+    def sgse_timing(self, window: int | None = None) -> ExpansionTiming | None:
+        """SGSE's expansions against the task boundaries after the first (None before any step)."""
+        if not self.steps_seen:
+            return None
+        boundaries = [step for step, _ in self.task_start_history[1:]]
+        expansions = [step for step, _ in self.expansion_history]
+        return expansion_timing(expansions, boundaries, self.steps_seen, window or self.config.timing_window)
 
+    # ---- saving ---------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
+        timing = self.sgse_timing()
         return {
             **{k: getattr(self, k) for k in self._COUNTERS},
+            **{k: getattr(self, k) for k in self._HISTORIES},
             "num_slots": self.memory.num_slots,
-            "slot_history": self.slot_history,
-            "num_anchors": len(self.anchor_slots),
+            "stat_classes": self.class_stats.num_classes,
             "sgse": self.sgse.state(),
+            "sgse_timing": dataclasses.asdict(timing) if timing else None,
         }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         for key in self._COUNTERS:
             setattr(self, key, int(state.get(key, getattr(self, key))))
-        self.slot_history = [list(x) for x in state.get("slot_history", self.slot_history)]
+        for key in self._HISTORIES:
+            setattr(self, key, [list(x) for x in state.get(key, getattr(self, key))])
         self.sgse.load_state(state.get("sgse", {}))
-        # Size the teacher/anchor buffers so the saved tensors load into them.
-        hidden, n_old, n_anchors = self.teacher_weight.shape[1], self.old_classes, int(state.get("num_anchors", 0))
+        # Size the teacher and statistics buffers so the saved tensors load into them.
+        hidden, n_old = self.teacher_weight.shape[1], self.old_classes
         self.teacher_weight = self.teacher_weight.new_zeros(n_old, hidden)
         self.teacher_bias = self.teacher_bias.new_zeros(n_old)
-        self.anchor_slots = self.anchor_slots.new_zeros(n_anchors)
-        self.anchor_means = self.anchor_means.new_zeros(n_anchors, hidden)
-        self.anchor_targets = self.anchor_targets.new_zeros(n_anchors, n_old)
+        self.class_stats.resize(int(state.get("stat_classes", 0)))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -141,11 +142,17 @@ class ExpansionTest(nn.Module):
         self.successes = self.block = self.pool_size = 0
         if expand:
             # The memory is about to change (a new slot takes a share of the routing mass), so
-            # the old level no longer describes it: re-learn Q_t from the next w inputs. Without
-            # this, the confidence drop that a new slot itself causes triggers the next expansion.
-            self.recent.clear()
-            self.level = None
+            # the old level no longer describes it. Without re-learning it, the confidence drop
+            # that a new slot itself causes triggers the next expansion.
+            self.relearn_level()
         return expand
+
+    def relearn_level(self) -> None:
+        """Forget Q_t and the current block: trials restart once w new confidences are in.
+        Called whenever slots are added, by SGSE or otherwise."""
+        self.recent.clear()
+        self.level = None
+        self.successes = self.block = self.pool_size = 0
 
     # ---- saving ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -158,3 +165,52 @@ class ExpansionTest(nn.Module):
         for key in ("level", "successes", "block", "pool_size", "tests", "expansions"):
             if key in state:
                 setattr(self, key, state[key])
+
+
+# ---- measuring what SGSE claims -------------------------------------------------------------
+
+
+@dataclass
+class ExpansionTiming:
+    """How SGSE's expansions sit relative to the stream's task boundaries.
+
+    SGSE claims to add a slot when the input distribution shifts. On a
+    class-incremental stream the shifts are the task boundaries, so
+    ``near_boundary_fraction`` (expansions within ``window`` steps after a boundary,
+    as a share of all expansions) should be far above ``expected_fraction`` (the share
+    of steps inside those windows: what expansions at random steps would score), and
+    ``away_from_boundary`` counts the expansions that no shift explains.
+    """
+
+    expansions: int
+    near_boundary: int
+    near_boundary_fraction: float | None  # None without expansions
+    expected_fraction: float
+    lift: float | None  # near_boundary_fraction / expected_fraction
+    boundaries_detected: int  # boundaries followed by an expansion within the window
+    boundaries: int
+
+    @property
+    def away_from_boundary(self) -> int:
+        return self.expansions - self.near_boundary
+
+
+def expansion_timing(
+    expansion_steps: list[int], boundary_steps: list[int], total_steps: int, window: int
+) -> ExpansionTiming:
+    """Measure expansions (the steps they fired in, 1-based) against task boundaries
+    (the number of steps done before each new task: its first step is ``b + 1``).
+    An expansion at step s is near boundary b when b < s <= b + window."""
+    if total_steps <= 0 or window <= 0:
+        raise ValueError("expansion_timing needs total_steps > 0 and window > 0")
+
+    def near(step: int, boundary: int) -> bool:
+        return boundary < step <= boundary + window
+
+    covered = {s for b in boundary_steps for s in range(b + 1, min(b + window, total_steps) + 1)}
+    hits = sum(any(near(s, b) for b in boundary_steps) for s in expansion_steps)
+    detected = sum(any(near(s, b) for s in expansion_steps) for b in boundary_steps)
+    expected = len(covered) / total_steps
+    fraction = hits / len(expansion_steps) if expansion_steps else None
+    lift = fraction / expected if fraction is not None and expected > 0 else None
+    return ExpansionTiming(len(expansion_steps), hits, fraction, expected, lift, detected, len(boundary_steps))

@@ -11,11 +11,9 @@ ones are masked out of the softmax: adding a slot then changes no parameter
 set (the optimizer, DDP and saved tensors keep their shapes), and a masked
 slot gets exactly zero gradient until it is switched on.
 
-Router-weighted EMA statistics (mass c_i, weighted sum mu_i of LN(h)) give each
-slot an anchor a_i = gamma_i * mu_i / max(c_i, varsigma) + beta_i: a compressed
-stand-in for the inputs the slot has served, used for distillation instead of
-replaying raw data. When a slot stops being routed to, mu_i and c_i decay
-together, so its anchor keeps pointing at its old inputs.
+What old classes looked like is kept outside the memory, as per-class
+statistics of its output (``class_statistics.py``): per-slot EMA anchors
+forgot an old task within a few hundred steps.
 """
 
 from __future__ import annotations
@@ -40,6 +38,7 @@ class Routing:
     query: torch.Tensor  # q = W_q h
     probs: torch.Tensor  # p, zero on inactive slots
     confidence: torch.Tensor  # s = max_i p_i
+    similarity: torch.Tensor  # max_i cos(q, k_i) over the active slots
 
 
 class SlotMemory(nn.Module):
@@ -72,8 +71,6 @@ class SlotMemory(nn.Module):
         self.gamma = nn.Parameter(torch.ones(max_slots, hidden_size))
         self.beta = nn.Parameter(torch.zeros(max_slots, hidden_size))
         self.register_buffer("num_active", torch.tensor(num_slots, dtype=torch.long))
-        self.register_buffer("stat_mass", torch.zeros(max_slots))
-        self.register_buffer("stat_sum", torch.zeros(max_slots, hidden_size))
 
     @property
     def num_slots(self) -> int:
@@ -82,18 +79,19 @@ class SlotMemory(nn.Module):
     def active_mask(self) -> torch.Tensor:
         return torch.arange(self.max_slots, device=self.keys.device) < self.num_active
 
-    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(query, routing probabilities) for features ``h``."""
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(query, cosine similarities to the keys, routing probabilities) for features ``h``;
+        inactive slots have similarity -inf and probability 0."""
         query = self.query(h)
-        scores = F.normalize(query, dim=-1) @ F.normalize(self.keys, dim=-1).T / self.tau
-        scores = scores.masked_fill(~self.active_mask(), float("-inf"))
-        return query, scores.softmax(dim=-1)
+        cosine = F.normalize(query, dim=-1) @ F.normalize(self.keys, dim=-1).T
+        cosine = cosine.masked_fill(~self.active_mask(), float("-inf"))
+        return query, cosine, (cosine / self.tau).softmax(dim=-1)
 
     def forward(self, h: torch.Tensor) -> Routing:
-        query, probs = self.route(h)
+        query, cosine, probs = self.route(h)
         normed = self.norm(h)
         output = (probs @ self.gamma) * normed + probs @ self.beta
-        return Routing(output, normed, query, probs, probs.max(dim=-1).values)
+        return Routing(output, normed, query, probs, probs.max(dim=-1).values, cosine.max(dim=-1).values)
 
     @torch.no_grad()
     def set_key(self, index: int, key: torch.Tensor) -> None:
@@ -108,26 +106,5 @@ class SlotMemory(nn.Module):
         self.set_key(index, key)
         self.gamma[index] = 1.0
         self.beta[index] = 0.0
-        self.stat_mass[index] = 0.0
-        self.stat_sum[index] = 0.0
         self.num_active += 1
         return index
-
-    @torch.no_grad()
-    def update_statistics(self, normed: torch.Tensor, probs: torch.Tensor, momentum: float) -> None:
-        """Router-weighted EMA of each slot's mass and of its inputs' LN(h), over one batch."""
-        probs = probs.to(self.stat_mass)
-        self.stat_mass.mul_(momentum).add_(probs.mean(0), alpha=1 - momentum)
-        self.stat_sum.mul_(momentum).add_(probs.T @ normed.to(self.stat_sum) / probs.shape[0], alpha=1 - momentum)
-
-    def anchor_slots(self, varsigma: float) -> torch.Tensor:
-        """Indices of the active slots heavy enough to give an anchor (c_i >= varsigma)."""
-        return torch.nonzero(self.active_mask() & (self.stat_mass >= varsigma)).flatten()
-
-    def anchor_means(self, varsigma: float) -> torch.Tensor:
-        """mu_i / max(c_i, varsigma) for every slot: the slot's router-weighted mean LN(h)."""
-        return self.stat_sum / self.stat_mass.clamp_min(varsigma).unsqueeze(-1)
-
-    def anchors(self, slots: torch.Tensor, means: torch.Tensor) -> torch.Tensor:
-        """a_i = gamma_i * mean_i + beta_i for ``slots`` (with the adapters as they are now)."""
-        return self.gamma[slots] * means + self.beta[slots]
