@@ -167,3 +167,12 @@ def test_search_budget_is_bounded():
 
     assert len(search_grid("rwf", trains=True)) == len(LEARNING_RATES)
     assert search_grid("ncm", trains=False) == [{}]
+
+
+def test_merge_reads_a_suite_field_missing_from_an_older_run_as_its_default():
+    from hf_clroute.bench.classification import same_suite_config
+
+    old = {"name": "split-mnist", "n_tasks": 5}  # recorded before image_size/test_split existed
+    assert same_suite_config(old, {**old, "image_size": None, "test_split": "test"})
+    assert not same_suite_config(old, {**old, "image_size": 224})
+    assert not same_suite_config(old, {**old, "n_tasks": 10})

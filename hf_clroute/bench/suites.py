@@ -30,6 +30,20 @@ class SuiteConfig:
     runner: str = field(default="classification", metadata={"help": "Which runner: classification (this one), charlm, plasticity."})
     input_column: str | None = field(default=None, metadata={"help": "Image/text column (None: infer)."})
     label_column: str = field(default="label", metadata={"help": "Label column."})
+    train_split: str = field(default="train", metadata={"help": "The dataset's split the training stream comes from."})
+    test_split: str | None = field(
+        default="test",
+        metadata={"help": "The dataset's test split; null (or a split the dataset lacks) = carve test_fraction "
+                          "of train_split out as the test set, with a fixed seed (e.g. ImageNet-R, one split)."},
+    )
+    test_fraction: float = field(
+        default=0.2, metadata={"help": "Share of train_split held out as the test set when there is no test_split."}
+    )
+    image_size: int | None = field(
+        default=None,
+        metadata={"help": "Side of the square images the backbone is fed (the image processor's size); null = the "
+                          "processor's own. Must equal the ViT's image_size: its position embeddings are fixed."},
+    )
     scenario: str = field(default="class", metadata={"help": "'class', 'domain' or 'task' incremental."})
     n_tasks: int = field(default=5, metadata={"help": "Number of experiences."})
     min_examples_per_class: int = field(
@@ -74,6 +88,15 @@ class SuiteConfig:
             raise ValueError(f"SuiteConfig.quick has unknown field(s) {bad}")
         if self.runner != "classification":
             raise ValueError(f"suite {self.name!r} has runner {self.runner!r}; SuiteConfig is for classification suites")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise ValueError(f"suite {self.name!r}: SuiteConfig.test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.test_split == self.train_split:
+            raise ValueError(f"suite {self.name!r}: SuiteConfig.test_split equals train_split ({self.train_split!r}); "
+                             "set test_split to null to carve a test set from it")
+        if self.image_size is not None and (isinstance(self.image_size, bool) or not isinstance(self.image_size, int)
+                                            or self.image_size <= 0):
+            raise ValueError(f"suite {self.name!r}: SuiteConfig.image_size must be a positive integer or null, "
+                             f"got {self.image_size!r}")
 
     @classmethod
     def load(cls, name_or_path: str, quick: bool = False) -> "SuiteConfig":
@@ -190,7 +213,9 @@ def build_stream(suite: SuiteConfig, seed: int) -> list:
 
     if suite.scenario == "domain":
         raise ValueError("domain-incremental suites take a list of datasets; not supported by SuiteConfig yet")
-    dsets = load_labeled_dataset(suite.dataset, input_column=suite.input_column, label_column=suite.label_column)
+    dsets = load_labeled_dataset(resolve_dataset_path(suite.dataset), input_column=suite.input_column,
+                                 label_column=suite.label_column, train_split=suite.train_split,
+                                 test_split=suite.test_split, test_fraction=suite.test_fraction, seed=0)
     stream = class_incremental(
         dsets,
         n_tasks=suite.n_tasks,
@@ -206,8 +231,21 @@ def build_stream(suite: SuiteConfig, seed: int) -> list:
     return stream
 
 
+def resolve_dataset_path(dataset: str) -> str:
+    """The suite's dataset string, with ``standin:<name>`` (an offline stand-in) resolved to its directory."""
+    if dataset.startswith("standin:"):
+        from .standins import standin_path
+
+        return standin_path(dataset)
+    return dataset
+
+
 def resolve_backbone_path(backbone: str) -> str:
     """Turn the suite's backbone string into something ``from_pretrained`` accepts."""
+    if backbone.startswith("standin:"):
+        from .standins import standin_path
+
+        return standin_path(backbone)
     if backbone.startswith("pretrained-vit:"):
         from .pretrained import pretrained_vit_path
 
@@ -227,7 +265,14 @@ def load_suite_backbone(suite: SuiteConfig) -> tuple[Any, Callable]:
     model, processor = load_backbone(resolve_backbone_path(suite.backbone))
     modality = get_backbone_spec(model).modality
     if modality == "image":
-        return model, ImageCollator.from_processor(processor)
+        collator = ImageCollator.from_processor(processor)
+        if suite.image_size is not None:
+            native = getattr(model.config, "image_size", None)
+            if native is not None and native != suite.image_size:
+                raise ValueError(f"suite {suite.name!r}: image_size {suite.image_size} but backbone "
+                                 f"{suite.backbone!r} takes {native}x{native} images")
+            collator.size = (suite.image_size, suite.image_size)
+        return model, collator
     if modality == "text":
         return model, TextClassificationCollator(processor, max_length=suite.max_length)
     raise ValueError(f"suite {suite.name!r}: backbone modality {modality!r} is not a classification backbone")
