@@ -359,3 +359,17 @@ def test_text_corpus_errors_name_split_and_column(tmp_path):
     (tmp_path / "lines.txt").write_text("a\nb\nc\n")
     with pytest.raises(ValueError, match=r"split 'test', column 'text'.*blank\.txt.*0 bytes"):
         load_text_corpus({"train": str(tmp_path / "lines.txt"), "test": str(tmp_path / "blank.txt")})
+
+
+def test_string_labels_are_encoded_with_their_names_shared_across_splits(tmp_path):
+    """A Hub dataset labelled by strings (ImageNet-R's WordNet ids) loads as a ClassLabel of the
+    sorted names of every split: one string, one id, in train and test alike."""
+    from hf_clroute.data import load_labeled_dataset
+
+    for split, labels in (("train", ["n02", "n01", "n03", "n01"]), ("test", ["n03", "n04", "n01"])):
+        pq.write_table(pa.table({"text": [f"{split} {i}" for i in range(len(labels))], "label": labels}),
+                       tmp_path / f"{split}.parquet")
+    ds = load_labeled_dataset({"train": str(tmp_path / "train.parquet"), "test": str(tmp_path / "test.parquet")})
+    names = ds["train"].features["label"].names
+    assert names == ["n01", "n02", "n03", "n04"] == ds["test"].features["label"].names
+    assert ds["train"]["label"] == [1, 0, 2, 0] and ds["test"]["label"] == [2, 3, 0]

@@ -244,7 +244,14 @@ def _canonical_columns(ds: Dataset, name: str, input_column: str, label_column: 
 
 
 def _validate_labels(splits: DatasetDict, name: str, label_column: str) -> DatasetDict:
-    """Check labels are non-negative integers within the ClassLabel range; make label a ClassLabel."""
+    """Check labels are non-negative integers within the ClassLabel range; make label a ClassLabel.
+
+    String labels (ImageNet-R's WordNet ids, intent names) become a ClassLabel whose names are the
+    sorted strings of every split, so the same string has the same id in train and test and the
+    names travel with the adapter as ``id2label``."""
+    if all(ds.features["label"] == Value("string") for ds in splits.values()):
+        names = sorted({str(v) for ds in splits.values() for v in ds.unique("label")})
+        splits = splits.cast_column("label", ClassLabel(names=names))
     feature = splits["train"].features["label"]
     for split, ds in splits.items():
         other = ds.features["label"]
