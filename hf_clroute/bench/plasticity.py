@@ -1,4 +1,4 @@
-"""Plasticity suites (issue 7): permuted MNIST at 7x7 and slowly changing regression.
+"""Plasticity suites: permuted MNIST at 7x7 and slowly changing regression.
 
 ``hf-clroute bench --suite permuted-mnist`` (or ``drifting-regression``) runs,
 over the same stream and seeds, four online learners on raw inputs:
@@ -10,14 +10,21 @@ over the same stream and seeds, four online learners on raw inputs:
 * ``cbp``: the same MLP with continual backprop (Dohare et al. 2024): every step each hidden
   unit's contribution utility |h_i| * sum_k |w_ki| is tracked (running average), and a
   ``replacement_rate`` share of mature units with the lowest utility is re-initialised
-  (fresh input weights, zero output weights, zeroed Adam moments).
+  (fresh input weights, zero output weights, zeroed Adam moments);
+* ``backprop-memory`` / ``cbp-memory``: the same two MLPs given what QOA is given: the task
+  identities (one output head per task wherever QOA draws its support from a per-task
+  sub-buffer, i.e. permuted MNIST) and the same memory (the reservoir buffers of a
+  :class:`QoaLearner` with QOA's config and seed, so on the same stream they hold the same
+  items), replayed each step: ``support_size`` items of one stored task, drawn uniformly.
 
 Plasticity diagnostics, per task: accuracy (MSE for regression) on the newest task's test
 split after training on it (plasticity), accuracy on a spread of earlier tasks every few
 tasks (forgetting), and the effective rank of the loss Hessian w.r.t. the *last layer's*
 parameters (as in the paper; the exact Hessian via ``torch.func.hessian``) on the task's
 last training examples, ``erank = exp(H(p))`` with ``p_i = |lambda_i| / sum |lambda|``
-(Roy & Vetterli 2007). The cost of QOA and of full attention is counted in FLOPs
+(Roy & Vetterli 2007). The last layers differ in size (QOA's scorer output: hidden + 1
+parameters; an MLP head: (hidden + 1) x classes), and the rank is bounded by it, so the
+results also give ``erank / parameters`` of that set (``erank_*_normalised``). The cost of QOA and of full attention is counted in FLOPs
 (``torch.utils.flop_counter``) for growing support sizes and fitted: QOA's is linear in
 |S|, full attention's quadratic.
 
@@ -42,13 +49,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, hessian
 
-from .flops import count_flops
 from ..methods.qoa import QoaConfig, QoaLearner, QueryOnlyAttention
 from ..metrics import mean_std
+from .flops import count_flops
 from .results import write_run
 from .suites import load_suite, merge_seed_runs
 
-ALL_METHODS = ("qoa", "full_attention", "backprop", "cbp")
+ALL_METHODS = ("qoa", "full_attention", "backprop", "cbp", "backprop-memory", "cbp-memory")
 
 
 @dataclass
@@ -262,6 +269,70 @@ class ContinualBackprop(MLPLearner):
                         self.optimizer.state[tensor][moment][index] = 0.0
 
 
+class MemoryMLPLearner:
+    """Backprop (or continual backprop) with QOA's task identities and memory.
+
+    ``base`` is an :class:`MLPLearner` whose output layer has ``heads x classes`` units; a
+    row's task picks its head (one head when the memory is not task-aware). Each step trains
+    on the batch plus ``replay`` items of one stored task drawn uniformly (its own head), then
+    adds the batch to the memory, a :class:`QoaLearner`'s reservoir buffers, the same
+    buffers QOA fills. Continual backprop's unit replacement works unchanged: it zeroes a
+    replaced unit's outgoing weights in every head.
+    """
+
+    def __init__(self, base: MLPLearner, memory: QoaLearner, output_dim: int, replay: int, seed: int) -> None:
+        self.base, self.memory, self.output_dim, self.replay = base, memory, output_dim, replay
+        self.steps, self.seed = 0, seed
+
+    def head_of(self, task: int) -> int:
+        return task if self.memory.task_aware else 0
+
+    def outputs(self, x: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+        """Each row's own head's outputs."""
+        out = self.base.net(x).view(len(x), -1, self.output_dim)
+        return out[torch.arange(len(x)), heads]
+
+    def train_step(self, x, y, task) -> None:
+        inputs, targets, heads = x, y, torch.full((len(x),), self.head_of(task))
+        replayed = self.replayed()
+        if replayed is not None:
+            inputs, targets, heads = (torch.cat(pair) for pair in zip((x, y, heads), replayed))
+        self.base.optimizer.zero_grad()
+        self.base.objective(self.outputs(inputs, heads), targets).backward()
+        self.base.optimizer.step()
+        self.base.after_step(inputs)
+        self.memory.observe(x, y, task)  # after training on it, as QOA
+        self.steps += 1
+
+    def replayed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(x, y, head) of ``replay`` items of one stored task (uniform over the stored ones), or None."""
+        keys = [k for k, b in self.memory.memory.items() if len(b)]
+        if not self.replay or not keys:
+            return None
+        g = torch.Generator().manual_seed((self.seed * 1_000_003 + 7) * 1_000_033 + self.steps)
+        key = keys[int(torch.randint(0, len(keys), (1,), generator=g))]
+        items = self.memory.memory[key].sample(self.replay, g)
+        y = items["y"] if self.base.regression else items["y"].argmax(1)
+        return items["x"], y, torch.full((len(y),), int(key) if self.memory.task_aware else 0)
+
+    @torch.no_grad()
+    def predict(self, x, task) -> torch.Tensor:
+        return self.outputs(x, torch.full((len(x),), self.head_of(task)))
+
+    def hessian_problem(self, x, y, task):
+        # Only the task's own head, as a stand-alone layer over the (fixed) last hidden features:
+        # the same parameter set, and so the same Hessian, as a single-head MLP's last layer.
+        net = self.base.net
+        with torch.no_grad():
+            hidden = net[:-1](x)
+        rows = slice(self.head_of(task) * self.output_dim, (self.head_of(task) + 1) * self.output_dim)
+        with torch.random.fork_rng(devices=[]):  # its throwaway init must not move the stream's RNG
+            head = nn.Linear(net[-1].in_features, self.output_dim)
+        with torch.no_grad():
+            head.weight.copy_(net[-1].weight[rows]), head.bias.copy_(net[-1].bias[rows])
+        return nn.Sequential(head), "0", (hidden,), lambda out: self.base.objective(out, y)
+
+
 def build_learner(method: str, suite: PlasticitySuite, input_dim: int, seed: int):
     torch.manual_seed(seed)
     out_dim = 1 if suite.regression else 10
@@ -277,9 +348,15 @@ def build_learner(method: str, suite: PlasticitySuite, input_dim: int, seed: int
     mlp_args = {k: v for k, v in suite.mlp.items() if k in ("hidden", "layers")}
     if method == "backprop":
         return MLPLearner(input_dim, out_dim, suite.regression, suite.learning_rate, **mlp_args)
+    cbp_args = {k: v for k, v in suite.mlp.items() if k in ("replacement_rate", "maturity", "decay")}
     if method == "cbp":
-        cbp_args = {k: v for k, v in suite.mlp.items() if k in ("replacement_rate", "maturity", "decay")}
         return ContinualBackprop(input_dim, out_dim, suite.regression, suite.learning_rate, **mlp_args, **cbp_args)
+    if method in ("backprop-memory", "cbp-memory"):
+        heads = suite.n_tasks if task_aware else 1
+        base = (ContinualBackprop(input_dim, out_dim * heads, suite.regression, suite.learning_rate, **mlp_args, **cbp_args)
+                if method == "cbp-memory" else MLPLearner(input_dim, out_dim * heads, suite.regression, suite.learning_rate, **mlp_args))
+        memory = QoaLearner(qoa_config, input_dim, predictor=nn.Identity(), task_aware=task_aware)
+        return MemoryMLPLearner(base, memory, out_dim, qoa_config.support_size, seed)
     raise ValueError(f"unknown plasticity method {method!r}; known: {ALL_METHODS}")
 
 
@@ -294,6 +371,11 @@ def effective_rank(matrix: torch.Tensor) -> float:
         return 0.0
     p = eig / eig.sum()
     return float(torch.exp(-(p * torch.log(p.clamp_min(1e-300))).sum()))
+
+
+def parameter_count(module: nn.Module, prefix: str, *_ignored) -> int:
+    """Size of the parameter set ``hessian_effective_rank`` differentiates (``prefix``'s parameters)."""
+    return sum(p.numel() for n, p in module.named_parameters() if n.startswith(prefix + "."))
 
 
 def hessian_effective_rank(module: nn.Module, prefix: str, args: tuple, loss_of_output) -> float:
@@ -351,7 +433,7 @@ def old_task_ids(t: int, k: int) -> list[int]:
 
 def run_stream(method: str, suite: PlasticitySuite, tasks: list[Task], seed: int) -> dict[str, Any]:
     learner = build_learner(method, suite, tasks[0].x_train.shape[1], seed)
-    newest, old, erank = [], [], []
+    newest, old, erank, erank_normalised = [], [], [], []
     started = time.perf_counter()
     for t, task in enumerate(tasks):
         for x, y in zip(task.x_train.split(suite.batch_size), task.y_train.split(suite.batch_size)):
@@ -364,7 +446,10 @@ def run_stream(method: str, suite: PlasticitySuite, tasks: list[Task], seed: int
                 old.append([t, float(np.mean([score(learner, suite, tasks[j], j) for j in ids]))])
         if t % suite.hessian_every == 0 or last:
             n = suite.hessian_examples
-            erank.append([t, hessian_effective_rank(*learner.hessian_problem(task.x_train[-n:], task.y_train[-n:], t))])
+            problem = learner.hessian_problem(task.x_train[-n:], task.y_train[-n:], t)
+            rank, size = hessian_effective_rank(*problem), parameter_count(*problem)
+            erank.append([t, rank])
+            erank_normalised.append([t, rank / size])
     final = {j: score(learner, suite, tasks[j], j) for j in old_task_ids(len(tasks) - 1, suite.old_tasks)}
     w = min(suite.window, len(tasks) // 2)
     sign = -1.0 if suite.regression else 1.0  # drop > 0 means worse on the last tasks
@@ -377,14 +462,19 @@ def run_stream(method: str, suite: PlasticitySuite, tasks: list[Task], seed: int
         "forgetting": sign * float(np.mean([newest[j] - v for j, v in final.items()])) if final else None,
         "erank_first": erank[0][1],
         "erank_last": erank[-1][1],
+        "erank_first_normalised": erank_normalised[0][1],
+        "erank_last_normalised": erank_normalised[-1][1],
+        "hessian_parameters": size,
         "wall_s": time.perf_counter() - started,
         "newest": newest,
         "old": old,
         "erank": erank,
+        "erank_normalised": erank_normalised,
     }
 
 
-SUMMARY = ("first_window", "last_window", "plasticity_drop", "final_old", "forgetting", "erank_first", "erank_last", "wall_s")
+SUMMARY = ("first_window", "last_window", "plasticity_drop", "final_old", "forgetting", "erank_first", "erank_last",
+           "erank_first_normalised", "erank_last_normalised", "hessian_parameters", "wall_s")
 
 
 def mean_curve(runs: list[dict[str, Any]], key: str) -> list[list[float]]:
@@ -394,12 +484,14 @@ def mean_curve(runs: list[dict[str, Any]], key: str) -> list[list[float]]:
 
 
 def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    row = {k: mean_std([r[k] for r in runs]) for k in SUMMARY if all(r[k] is not None for r in runs)}
+    # .get: runs written before a summary key existed merge without it
+    row = {k: mean_std([r[k] for r in runs]) for k in SUMMARY if all(r.get(k) is not None for r in runs)}
     newest = np.array([r["newest"] for r in runs])
     row["curves"] = {
         "newest": [[t, float(m), float(sd)] for t, (m, sd) in enumerate(zip(newest.mean(0), newest.std(0)))],
         "old": mean_curve(runs, "old"),
         "erank": mean_curve(runs, "erank"),
+        **({"erank_normalised": mean_curve(runs, "erank_normalised")} if all("erank_normalised" in r for r in runs) else {}),
     }
     row["per_seed"] = runs
     return row
@@ -466,13 +558,19 @@ def results_markdown(results: dict) -> str:
         "tasks; drop = first - last (" + ("last - first for MSE; " if regression else "") + "> 0: lost plasticity); "
         "old = mean over up to " + f"{results['config']['old_tasks']} earlier tasks at the end; forgetting = their "
         "newest-task score minus their final score" + (" (MSE: final - newest)" if regression else "") + "; "
-        "erank = effective rank of the last layer's loss Hessian at the first and last task.\n",
-        f"| method | first {w} | last {w} | drop | old (end) | forgetting | erank first | erank last | wall s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "erank = effective rank of the last layer's loss Hessian at the first and last task; erank/params = "
+        "erank divided by the size of that parameter set (params; the last layers differ in size); "
+        "-memory = the MLP given QOA's task identities (a head per task where QOA has a sub-buffer per task) "
+        "and QOA's memory, replayed.\n",
+        f"| method | first {w} | last {w} | drop | old (end) | forgetting | erank first | erank last "
+        "| erank/params first | erank/params last | params | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, m in results["methods"].items():
         cells = [_fmt(m.get(k), scale, digits) for k in ("first_window", "last_window", "plasticity_drop", "final_old", "forgetting")]
-        cells += [_fmt(m.get(k), 1.0, 1) for k in ("erank_first", "erank_last", "wall_s")]
+        cells += [_fmt(m.get(k), 1.0, 1) for k in ("erank_first", "erank_last")]
+        cells += [_fmt(m.get(k), 1.0, 3) for k in ("erank_first_normalised", "erank_last_normalised")]
+        cells += [_fmt(m.get(k), 1.0, 0) for k in ("hessian_parameters", "wall_s")]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines += ["", "Cost of one forward (10 queries) vs support size |S|, counted in FLOPs (torch.utils.flop_counter):", "",
               "| model | " + " | ".join(f"|S|={s}" for s in next(iter(results["cost_vs_support"].values()))["support_sizes"])

@@ -1,10 +1,10 @@
-"""QOA: query-only attention over a replay buffer (SPEC section 5)."""
+"""QOA: query-only attention over a replay buffer."""
 
 from ...registry import register_method
 from .config import QoaConfig
-from .head import QoaLearner, QueryOnlyAttention
+from .head import QoaLearner, QueryOnlyAttention, SimilarityAttention
 from .method import Qoa
 
 register_method(QoaConfig, Qoa)
 
-__all__ = ["Qoa", "QoaConfig", "QoaLearner", "QueryOnlyAttention"]
+__all__ = ["Qoa", "QoaConfig", "QoaLearner", "QueryOnlyAttention", "SimilarityAttention"]

@@ -1,4 +1,4 @@
-"""Configuration of QOA (query-only attention over a replay buffer), SPEC section 5.
+"""Configuration of QOA (query-only attention over a replay buffer).
 
 The paper writes the prediction as ``y_hat = sum_j d_j y_j`` with
 ``d_j = Q_theta(x_t, x_j, y_j)`` and does not insist on a normalisation of the
@@ -7,6 +7,23 @@ scores; attention normalises them with a softmax over the context, which makes
 one-hot labels). That is our default (``score_normalization="softmax"``);
 ``"mean"`` keeps the raw scores, averaged over the support set, and reads
 ``y_hat`` as class logits (classification) or the output (regression).
+
+Two scorers share that prediction rule. ``scorer="mlp"`` is the paper's
+``Q_theta``, an MLP over ``[x_t; x_j; y_j]``. ``scorer="similarity"`` (the head's
+default) scores ``cos(x_t, x_j) / temperature`` plus a learned residual MLP that
+also reads the cosine; the residual starts at zero, so before training the head
+is a cosine-similarity attention classifier over the buffer, which on frozen
+features is about as accurate as cosine kNN, and training can only start from
+there. An MLP over concatenated features has to discover similarity from a few
+hundred online steps, and on split-mnist it did not.
+
+The head (:class:`~.method.Qoa`) draws ``support_per_class`` items of every class
+in the buffer as the support set, in training and at evaluation alike, and trains
+on ``replay_queries`` buffer items per step besides the current batch: with only
+the batch as queries, every training query is of the current task and the scorer
+learns to favour it. The standalone learner of the plasticity suites
+(:class:`~.head.QoaLearner`) keeps the paper's uniform ``support_size`` /
+``eval_support_size`` draws and its batch-only queries.
 """
 
 from __future__ import annotations
@@ -58,10 +75,58 @@ class QoaConfig(CLConfig):
             "has a finite log-probability."
         },
     )
+    scorer: str = field(
+        default="similarity",
+        metadata={
+            "help": "'similarity': cos(query, item) / temperature plus a zero-initialised residual MLP over "
+            "[query; item; label; cosine] (untrained = cosine-similarity attention); 'mlp': the paper's MLP "
+            "over [query; item; label] alone."
+        },
+    )
+    temperature: float = field(
+        default=0.03,
+        metadata={"help": "Initial temperature of the cosine-similarity softmax (scorer='similarity'); "
+                          "smaller = closer to 1-nearest-neighbour."},
+    )
+    learn_temperature: bool = field(
+        default=True,
+        metadata={"help": "Train the temperature (as a log-temperature) with the residual (scorer='similarity')."},
+    )
+    learn_residual: bool = field(
+        default=True,
+        metadata={"help": "Add the residual MLP to the similarity scores (scorer='similarity'); False = a fixed "
+                          "(or temperature-only) cosine-similarity attention classifier."},
+    )
+    residual_reads_label: bool = field(
+        default=True,
+        metadata={"help": "Give the residual MLP the item's one-hot label (scorer='similarity'); False = a "
+                          "label-blind residual, which cannot learn a per-class preference such as recency."},
+    )
+    batch_queries: bool = field(
+        default=True,
+        metadata={"help": "QOA head: the current batch is a training query set too (its loss is the 'ce' term); "
+                          "False = only the replayed buffer queries train the scorer (the batch still enters the buffer)."},
+    )
+    support_per_class: int = field(
+        default=100,
+        metadata={
+            "help": "QOA head: items of each class in the buffer that form the support set, drawn without "
+            "replacement (all of a class that has fewer), the same size in training and evaluation; "
+            "0 = the uniform support_size / eval_support_size draws."
+        },
+    )
+    replay_queries: int = field(
+        default=128,
+        metadata={
+            "help": "QOA head: buffer items used as extra training queries each step, each excluded from its own "
+            "support set; every query (batch or buffer) weighs the same in the loss; 0 = the current batch only."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "Seed of the support-set sampling and the scorer's initialisation."})
 
     TASKS: ClassVar[tuple[str, ...]] = ("classification", "regression")
     NORMALIZATIONS: ClassVar[tuple[str, ...]] = ("softmax", "mean")
+    SCORERS: ClassVar[tuple[str, ...]] = ("similarity", "mlp")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -74,6 +139,19 @@ class QoaConfig(CLConfig):
             raise ValueError(
                 f"QoaConfig.score_normalization must be one of {self.NORMALIZATIONS}, got {self.score_normalization!r}"
             )
+        if self.scorer not in self.SCORERS:
+            raise ValueError(f"QoaConfig.scorer must be one of {self.SCORERS}, got {self.scorer!r}")
+        if self.scorer == "similarity" and self.score_normalization != "softmax":
+            raise ValueError("QoaConfig.score_normalization must be 'softmax' with scorer='similarity' "
+                             f"(a cosine-similarity attention classifier), got {self.score_normalization!r}")
+        self._check_positive("temperature")
+        for name in ("learn_temperature", "learn_residual", "residual_reads_label", "batch_queries"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"QoaConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("support_per_class", "replay_queries"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"QoaConfig.{name} must be an int >= 0, got {value!r}")
         if not 0.0 <= self.probability_floor < 1.0:
             raise ValueError(f"QoaConfig.probability_floor must be in [0, 1), got {self.probability_floor!r}")
         if not self.freeze_backbone:

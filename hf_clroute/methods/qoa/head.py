@@ -8,11 +8,18 @@ and the prediction is the score-weighted sum of the support labels,
 compared with each stored item by the learned scorer alone, so the cost is
 linear in ``|S|`` (full attention over the support set is quadratic).
 
-``Q_theta`` is an MLP over the concatenation ``[x_t; x_j; y_j]``. Its first
+:class:`QueryOnlyAttention` is the paper's scorer: ``Q_theta`` is an MLP over the
+concatenation ``[x_t; x_j; y_j]``. Its first
 layer ``W [x_t; x_j; y_j] = W_q x_t + W_x x_j + W_y y_j`` is evaluated per query
 and per support item and added (exactly the same function, computed in
 O((B + |S|) h) instead of O(B |S| h)); the deeper layers run on every
 (query, item) pair: O(B |S| h^2).
+
+:class:`SimilarityAttention` (the head's default) scores
+``cos(x_t, x_j) / tau + r(x_t, x_j, y_j, cos)``: the cosine similarity the MLP
+would otherwise have to learn is given to it, and the residual ``r`` (the same
+kind of MLP, reading the cosine as a fourth input) starts at exactly zero, so
+the untrained head is a cosine-similarity attention classifier.
 
 :class:`QoaLearner` is the standalone learner on raw inputs that the plasticity
 suites (``hf_clroute.bench_plasticity``) train; :class:`~.method.Qoa` is the
@@ -92,13 +99,105 @@ class QueryOnlyAttention(nn.Module):
             return scores.softmax(dim=-1)
         return scores / scores.shape[-1]
 
-    def forward(self, query: torch.Tensor, support_x: torch.Tensor, support_y: torch.Tensor) -> torch.Tensor:
-        """(B, label_dim): sum_j d_j y_j. Large (queries x support) products are chunked over queries."""
+    def forward(self, query: torch.Tensor, support_x: torch.Tensor, support_y: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, label_dim): sum_j d_j y_j. Large (queries x support) products are chunked over queries.
+        ``mask`` (B, S): pairs left out (weight 0), e.g. a replayed query's own buffer slot."""
         chunk = max(1, PAIR_BUDGET // max(1, support_x.shape[0]))
-        outputs = [
-            self.weights(self.scores(q, support_x, support_y)) @ support_y for q in query.split(chunk)
-        ]
+        outputs = []
+        for start in range(0, len(query), chunk):
+            scores = self.scores(query[start:start + chunk], support_x, support_y)
+            if mask is None:
+                weights = self.weights(scores)
+            elif self.normalization == "softmax":
+                weights = self.weights(scores.masked_fill(mask[start:start + chunk], float("-inf")))
+            else:
+                weights = self.weights(scores).masked_fill(mask[start:start + chunk], 0.0)
+            outputs.append(weights @ support_y)
         return torch.cat(outputs)
+
+
+class SimilarityAttention(nn.Module):
+    """``sum_j softmax_j(cos(x_t, x_j) / tau + r(x_t, x_j, y_j, cos)) y_j`` with a zero-initialised residual ``r``.
+
+    The residual reads unit-normalised features (the cosine's own scale-free view),
+    the label and the cosine; its output layer starts at zero, so it contributes
+    nothing until trained, and gradients reach its hidden layers once that layer
+    has moved. ``mask`` (B, S) marks pairs excluded from the softmax (a query's own
+    buffer slot when buffer items are queries).
+    """
+
+    outputs_probabilities = True  # softmax weights over one-hot labels
+
+    def __init__(self, input_dim: int, label_dim: int, hidden_size: int = 128, num_layers: int = 2,
+                 temperature: float = 0.03, learn_temperature: bool = True, learn_residual: bool = True,
+                 residual_reads_label: bool = True) -> None:
+        super().__init__()
+        self.residual_reads_label = residual_reads_label
+        log_temperature = torch.tensor(float(temperature)).log()
+        if learn_temperature:
+            self.log_temperature = nn.Parameter(log_temperature)
+        else:
+            self.register_buffer("log_temperature", log_temperature)
+        self.residual = None
+        if learn_residual:
+            self.residual = QueryOnlyAttention(input_dim, label_dim, hidden_size, num_layers)
+            self.similarity_proj = nn.Linear(1, hidden_size, bias=False)  # the cosine's column of the first layer
+            nn.init.zeros_(self.residual.score.weight)
+            nn.init.zeros_(self.residual.score.bias)
+            if not residual_reads_label:
+                self.residual.label_proj = None  # no parameter that never gets a gradient
+
+    @classmethod
+    def from_config(cls, config: QoaConfig, input_dim: int) -> "SimilarityAttention":
+        return cls(input_dim, config.label_dim, config.hidden_size, config.num_layers, config.temperature,
+                   config.learn_temperature, config.learn_residual, config.residual_reads_label)
+
+    @property
+    def temperature(self) -> float:
+        return float(self.log_temperature.detach().exp())
+
+    def scores(self, query: torch.Tensor, support_x: torch.Tensor, support_y: torch.Tensor) -> torch.Tensor:
+        """(B, S) scores: the cosine over the temperature, plus the residual."""
+        query, support_x = F.normalize(query, dim=-1), F.normalize(support_x, dim=-1)
+        cosine = query @ support_x.T
+        scores = cosine / self.log_temperature.exp()
+        if self.residual is None:
+            return scores
+        r = self.residual
+        item = r.item_proj(support_x) + (r.label_proj(support_y) if self.residual_reads_label else 0.0)
+        pairs = r.query_proj(query).unsqueeze(1) + item.unsqueeze(0) + self.similarity_proj(cosine.unsqueeze(-1))
+        return scores + r.score(r.body(pairs)).squeeze(-1)
+
+    def forward(self, query: torch.Tensor, support_x: torch.Tensor, support_y: torch.Tensor,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, label_dim) predictions, chunked over queries as :class:`QueryOnlyAttention`'s."""
+        chunk = max(1, PAIR_BUDGET // max(1, support_x.shape[0]))
+        outputs = []
+        for start in range(0, len(query), chunk):
+            scores = self.scores(query[start:start + chunk], support_x, support_y)
+            if mask is not None:
+                scores = scores.masked_fill(mask[start:start + chunk], float("-inf"))
+            outputs.append(scores.softmax(dim=-1) @ support_y)
+        return torch.cat(outputs)
+
+
+def build_scorer(config: QoaConfig, input_dim: int) -> nn.Module:
+    """The head's scorer named by ``config.scorer``."""
+    if config.scorer == "similarity":
+        return SimilarityAttention.from_config(config, input_dim)
+    return QueryOnlyAttention.from_config(config, input_dim)
+
+
+def class_balanced_indices(labels: torch.Tensor, per_class: int, generator: torch.Generator) -> torch.Tensor:
+    """Up to ``per_class`` positions of every label value in ``labels``, drawn without replacement
+    (all of a class that has fewer), in class order. A class's share of the support is then
+    independent of how many of its items the reservoir happens to hold."""
+    picks = []
+    for c in labels.unique(sorted=True):
+        positions = (labels == c).nonzero().squeeze(1)
+        picks.append(positions[torch.randperm(len(positions), generator=generator)[:per_class].to(positions.device)])
+    return torch.cat(picks) if picks else labels.new_zeros(0)
 
 
 class QoaLearner(nn.Module):
@@ -110,7 +209,10 @@ class QoaLearner(nn.Module):
     sub-buffer per task and draws a query's support from its own task's sub-buffer
     (the paper's setting when task identities are available, e.g. permuted MNIST,
     where items of other permutations carry no information about a query);
-    otherwise one reservoir holds the whole stream.
+    otherwise one reservoir holds the whole stream. This is the paper's learner as
+    the plasticity suites measure it: the MLP scorer and uniform ``support_size`` /
+    ``eval_support_size`` draws; ``scorer``, ``support_per_class`` and
+    ``replay_queries`` configure the head (:class:`~.method.Qoa`) only.
     """
 
     def __init__(self, config: QoaConfig, input_dim: int, predictor: nn.Module | None = None,
