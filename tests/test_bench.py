@@ -170,9 +170,11 @@ def test_search_budget_is_bounded():
 
 
 def test_merge_reads_a_suite_field_missing_from_an_older_run_as_its_default():
-    from hf_clroute.bench.classification import same_suite_config
+    from hf_clroute.bench.suites import SuiteConfig, same_suite_config
 
-    old = {"name": "split-mnist", "n_tasks": 5}  # recorded before image_size/test_split existed
-    assert same_suite_config(old, {**old, "image_size": None, "test_split": "test"})
-    assert not same_suite_config(old, {**old, "image_size": 224})
-    assert not same_suite_config(old, {**old, "n_tasks": 10})
+    old = {"name": "split-mnist", "n_tasks": 5, "methods": ["ncm"]}  # recorded before image_size/test_split existed
+    assert same_suite_config(old, {**old, "image_size": None, "test_split": "test"}, SuiteConfig)
+    assert not same_suite_config(old, {**old, "image_size": 224}, SuiteConfig)
+    assert not same_suite_config(old, {**old, "n_tasks": 10}, SuiteConfig)
+    # another default method list or description measures the same thing
+    assert same_suite_config(old, {**old, "methods": ["ncm", "qoa"], "description": "new words"}, SuiteConfig)

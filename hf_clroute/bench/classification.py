@@ -26,7 +26,7 @@ from .probes import ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
 from .results import write_run
 from .settings import RunSettings, load_selection, resolve_run
-from .suites import SuiteConfig, build_stream, drop_methods, load_suite_backbone
+from .suites import SuiteConfig, build_stream, drop_methods, load_suite_backbone, same_suite_config
 
 METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
 PROBE_KEYS = ("deep_forgetting", "probe_A_T", "snr_final")
@@ -224,17 +224,8 @@ def merge_previous(path: Path, results: dict) -> dict:
     return merge_results(json.loads(path.read_text()), results) if path.is_file() else results
 
 
-def same_suite_config(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Equal suite configs, a field missing from one (a run recorded before the field existed)
-    read as the field's default."""
-    defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else
-                         f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-                for f in dataclasses.fields(SuiteConfig)}
-    return all(a.get(k, defaults.get(k)) == b.get(k, defaults.get(k)) for k in set(a) | set(b))
-
-
 def merge_results(previous: dict, results: dict) -> dict:
-    if previous["suite"] != results["suite"] or not same_suite_config(previous["config"], results["config"]):
+    if previous["suite"] != results["suite"] or not same_suite_config(previous["config"], results["config"], SuiteConfig):
         raise ValueError("cannot merge runs of different suites or suite configs; use another --out or drop --merge")
     methods = dict(previous["methods"])
     for name, row in results["methods"].items():

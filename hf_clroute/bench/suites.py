@@ -173,6 +173,21 @@ def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+#: suite fields that do not change what a run measured: the default method list, the prose, the runner's name.
+NOT_MEASURED = ("methods", "description", "runner")
+
+
+def same_suite_config(a: dict[str, Any], b: dict[str, Any], suite_class: type | None = None) -> bool:
+    """Whether two runs' recorded suite configs describe the same measurement: equal on every field
+    but :data:`NOT_MEASURED`, a field missing from one (recorded before it existed) read as its
+    default in ``suite_class``."""
+    defaults = {} if suite_class is None else {
+        f.name: (f.default if f.default is not dataclasses.MISSING else
+                 f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        for f in dataclasses.fields(suite_class)}
+    return all(a.get(k, defaults.get(k)) == b.get(k, defaults.get(k)) for k in set(a) | set(b) if k not in NOT_MEASURED)
+
+
 def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[dict, dict, Path], dict],
                     drop: tuple[str, ...] = ()) -> dict:
     """Join the per-seed rows of several runs of one runner suite and re-aggregate them.
@@ -186,7 +201,7 @@ def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[di
     first = results[0]
     rows: dict[str, dict[int, dict[str, Any]]] = {}
     for run in results:
-        if run["suite"] != first["suite"] or run["config"] != first["config"]:
+        if run["suite"] != first["suite"] or not same_suite_config(run["config"], first["config"]):
             raise ValueError(f"cannot merge runs of different suites or suite configs ({first['suite']} vs {run['suite']})")
         for method, aggregate in run["methods"].items():
             for row in aggregate["per_seed"]:
