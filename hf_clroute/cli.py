@@ -94,8 +94,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    args.suite, args.quick, args.methods, args.seeds, args.merge = "split-mnist", True, ["finetune", "ncm"], [0], False
-    return cmd_bench(args)
+    # Every option of `bench`, set: the demo is that command with fixed arguments.
+    bench_args = {"suite": "split-mnist", "quick": True, "methods": ["finetune", "ncm"], "seeds": [0],
+                  "merge": False, "selection": None, "from_adapter": None}
+    return cmd_bench(argparse.Namespace(**{**vars(args), **bench_args}))
 
 
 def cmd_push(args: argparse.Namespace) -> int:

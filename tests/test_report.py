@@ -36,3 +36,12 @@ def test_report_sets_study_variants_beside_their_base(tmp_path, monkeypatch):
     assert "ncm" not in studies  # only methods run on the base and every variant
     assert "](results/plasticity/curve.png)" in page  # image links rewritten relative to the page
     assert "hf-clroute bench --suite mnist-20pct" in page
+
+
+def test_a_study_sharing_no_method_with_its_base_gets_no_empty_table():
+    from hf_clroute.bench.report import study_tables
+
+    row = {"A_T": {"mean": 0.5, "std": 0.01}}
+    assert study_tables({"split-mnist": {"ncm": row}, "split-mnist-buffer": {"er-b0": row}}) == ""
+    table = study_tables({"split-mnist": {"ncm": row}, "split-mnist-20pct": {"ncm": row}})
+    assert "| ncm | 50.0 ± 1.0 | 50.0 ± 1.0 | +0.0 |" in table

@@ -65,7 +65,8 @@ def study_tables(suites: dict[str, dict]) -> str:
     the change from the base (points). ``suites``: {classification suite: its methods' rows}."""
     out = []
     for base, base_rows in suites.items():
-        variants = [name for name in suites if name.startswith(base + "-")]
+        # A study that shares no method with its base (its own variants, e.g. buffer sizes) has its own section.
+        variants = [name for name in suites if name.startswith(base + "-") and set(suites[name]) & set(base_rows)]
         if not variants:
             continue
         methods = [m for m in base_rows if all(m in suites[v] for v in variants)]
