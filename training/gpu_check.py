@@ -2,7 +2,7 @@
 
     python training/gpu_check.py                      # on a CUDA machine: a few minutes
     python training/gpu_check.py --precision no       # full precision instead of bf16
-    python training/gpu_check.py --small --steps 2 --out /tmp/gpu_check   # the CPU smoke test
+    python training/gpu_check.py --small --steps 2 --out runs/gpu_check    # the CPU smoke test
 
 Builds a randomly initialised ViT with the real ``google/vit-base-patch16-224-in21k``
 configuration (224x224, patch 16, 197 tokens, hidden 768, 12 layers; no download needed),
