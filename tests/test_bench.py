@@ -178,3 +178,19 @@ def test_merge_reads_a_suite_field_missing_from_an_older_run_as_its_default():
     assert not same_suite_config(old, {**old, "n_tasks": 10}, SuiteConfig)
     # another default method list or description measures the same thing
     assert same_suite_config(old, {**old, "methods": ["ncm", "qoa"], "description": "new words"}, SuiteConfig)
+
+
+def test_merging_runs_joins_their_selections(tmp_path):
+    import json
+
+    from hf_clroute.bench.classification import merge_selections
+
+    for name, methods in (("a", {"rwf": {"pick": {"training.learning_rate": 1e-3}}, "old": {"pick": {}}}),
+                          ("b", {"qoa": {"pick": {"training.learning_rate": 3e-3}}})):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "selection.json").write_text(json.dumps(
+            {"suite": "split-mnist", "methods": methods, "commands": [f"hf-clroute tune ... {name}"]}))
+    merge_selections([tmp_path / "a", tmp_path / "b"], tmp_path / "a", drop=("old",))
+    merged = json.loads((tmp_path / "a" / "selection.json").read_text())
+    assert merged["suite"] == "split-mnist" and set(merged["methods"]) == {"rwf", "qoa"}
+    assert merged["commands"] == ["hf-clroute tune ... a", "hf-clroute tune ... b"]

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import CLConfig
-from ..methods.base import ContinualMethod, StepContext
+from ..methods.base import ContinualMethod, StepContext, add_global_batch
 from ..replay_buffer import ReservoirBuffer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -102,9 +102,7 @@ class KNearestNeighbours(ContinualMethod):
         return knn_logits(features, keys, labels, self.config.k, self.num_classes).to(features.dtype)
 
     def after_step(self, model: "CLModel", batch: dict[str, torch.Tensor], out, ctx: StepContext) -> None:
-        # As QOA: every process adds the whole global batch, in order, so the buffers stay identical.
-        features, labels = ctx.gather(out.features), ctx.gather(batch["labels"])
-        self.buffer.add({"features": features.float(), "labels": labels.long()})
+        add_global_batch(self.buffer, out.features, batch["labels"], ctx)
 
     def extra_state(self) -> dict[str, Any]:
         return {"num_classes": self.num_classes, "buffer": self.buffer.extra_state()}

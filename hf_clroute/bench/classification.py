@@ -20,6 +20,7 @@ from accelerate import Accelerator
 from ..engine import ContinualTrainer, StreamResult, make_accelerator
 from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_features, reads_frozen_features
 from ..metrics import aggregate_runs, mean_std, summarize
+from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
 from .probes import ForgettingProbes, forgetting_split
@@ -276,7 +277,21 @@ def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) 
             stale.unlink()
     write_run(out, {**merged, "kind": "classification"}, results_markdown(merged))
     write_plots(merged, out / "plots")
+    merge_selections(run_dirs, out, drop)
     return merged
+
+
+def merge_selections(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> None:
+    """The runs' ``selection.json`` files (from ``hf-clroute tune``) joined into ``out/selection.json``,
+    so the merged table keeps, beside it, every pick it was trained with (a later run's pick wins)."""
+    selections = [json.loads(f.read_text()) for f in (Path(d) / "selection.json" for d in run_dirs) if f.is_file()]
+    if not selections:
+        return
+    merged = {**selections[0], "methods": {}, "commands": []}
+    for selection in selections:
+        merged["methods"].update({m: v for m, v in selection["methods"].items() if m not in drop})
+        merged["commands"] += [c for c in selection.get("commands", []) if c not in merged["commands"]]
+    atomic_write_text(out / "selection.json", json.dumps(merged, indent=2, sort_keys=True) + "\n")
 
 
 def seed_row(seed: int, result: StreamResult, summary: dict[str, Any], curves: dict) -> dict[str, Any]:

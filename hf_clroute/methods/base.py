@@ -185,6 +185,12 @@ class ContinualMethod(nn.Module):
         """Restore :meth:`extra_state`; called *before* tensors load, so modules can be resized."""
 
 
+def add_global_batch(buffer: Any, features: torch.Tensor, labels: torch.Tensor, ctx: StepContext) -> None:
+    """Add a step's (features, labels) to a feature buffer: every process adds the whole global
+    batch, in order, so the processes' buffers (and their reservoir draws) stay identical."""
+    buffer.add({"features": ctx.gather(features).float(), "labels": ctx.gather(labels).long()})
+
+
 def cross_entropy_over_scored(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy over the samples whose own class has a finite logit.
 

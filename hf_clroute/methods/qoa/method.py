@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ...replay_buffer import ReservoirBuffer
-from ..base import ContinualMethod, StepContext, seeded_init
+from ..base import ContinualMethod, StepContext, add_global_batch, seeded_init
 from .config import QoaConfig
 from .head import (
     build_scorer,
@@ -131,9 +131,7 @@ class Qoa(ContinualMethod):
         return {"replay": F.nll_loss(log_probs, self.buffer.storage("labels")[slots]) * share}
 
     def after_step(self, model: "CLModel", batch: dict[str, torch.Tensor], out, ctx: StepContext) -> None:
-        # Every process adds the whole global batch, in order, so the buffers stay identical.
-        features, labels = ctx.gather(out.features), ctx.gather(batch["labels"])
-        self.buffer.add({"features": features.float(), "labels": labels.long()})
+        add_global_batch(self.buffer, out.features, batch["labels"], ctx)
 
     def extra_state(self) -> dict[str, Any]:
         return {"num_classes": self.num_classes, "buffer": self.buffer.extra_state()}

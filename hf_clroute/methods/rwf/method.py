@@ -43,6 +43,7 @@ class Rwf(ContinualMethod):
         super().__init__(config)
         self.routers = nn.ModuleDict()  # block index (as str) -> router; saved as method.routers.<i>.*
         self.tasks_done = 0  # experiences finished: the routers freeze after train_routers_for_tasks of them
+        self.tracked: dict[str, dict[str, float]] = {}  # the last track() block's health, per routed block
 
     def attach(self, model: "CLModel") -> None:
         config, spec = self.config, model.spec
@@ -106,15 +107,14 @@ class Rwf(ContinualMethod):
         try:
             yield
         finally:
-            self._tracked = {idx: router.health.summary() for idx, router in self.routers.items()}
+            self.tracked = {idx: router.health.summary() for idx, router in self.routers.items()}
             for router in self.routers.values():
                 router.health = None
 
     def routing_health(self) -> dict[str, dict[str, float]]:
         """Per routed block (index as str): ``entropy_ratio``, ``top_weight``, ``same_top_token`` of the
         last :meth:`track` block, and the routing temperature (cosine routing)."""
-        tracked = getattr(self, "_tracked", {})
-        return {idx: {**tracked.get(idx, {}), **({"temperature": router.temperature} if router.routing == "cosine" else {})}
+        return {idx: {**self.tracked.get(idx, {}), **({"temperature": router.temperature} if router.routing == "cosine" else {})}
                 for idx, router in self.routers.items()}
 
 
