@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -153,7 +155,10 @@ def test_bert_replace_mode_is_refused():
 @pytest.mark.parametrize(
     "kwargs, field",
     [({"top_k": 9, "num_patches": 8}, "top_k"), ({"mode": "dense"}, "mode"), ({"adapt_params": "head"}, "adapt_params"),
-     ({"tau": 0}, "tau"), ({"rank": 2.5}, "rank"), ({"target_blocks": 1}, "target_blocks")],
+     ({"tau": 0}, "tau"), ({"rank": 2.5}, "rank"), ({"target_blocks": 1}, "target_blocks"),
+     ({"code_encoder": "dense"}, "code_encoder"), ({"load_balance_horizon": 0}, "load_balance_horizon"),
+     ({"load_balance_horizon": 2.5}, "load_balance_horizon"),
+     ({"freeze_routing_after_first_task": "yes"}, "freeze_routing_after_first_task")],
 )
 def test_config_validation_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
@@ -321,3 +326,199 @@ def test_renamed_copy_of_the_charlm_suite_keeps_its_apn_settings(tmp_path):
 
     assert apn_settings(copy) == apn_settings(original) != merged_method_settings("apn", [])["config"]
     assert apn_settings(copy)["num_patches"] == 64  # the charlm-domains block, not the method file's 256
+
+
+# ------------------------------------------------------------------ issue 14: locality options
+def per_patch_reference(p: PatchFFN, h: torch.Tensor) -> torch.Tensor:
+    """Every patch's own code and residual evaluated densely, then the top-k combination."""
+    x = F.layer_norm(h, (D,))
+    scores = F.normalize(x, dim=-1) @ F.normalize(p.prototypes, dim=-1).T / p.tau
+    top, idx = scores.topk(p.top_k, dim=-1)
+    W, b = p.encoder.weight.view(K, RANK, D), p.encoder.bias.view(K, RANK)
+    u = torch.einsum("nd,krd->nkr", x, W) + b  # (N, K, r): patch k's code of token n
+    z = u * torch.sigmoid(p.gate_scale[None] * u + p.gate_bias[None])
+    deltas = torch.einsum("nkr,krd->nkd", z, p.decoders.view(K, RANK, D))
+    chosen = deltas.gather(1, idx[..., None].expand(-1, -1, D))
+    return p.gamma * (top.softmax(-1)[..., None] * chosen).sum(1)
+
+
+def test_per_patch_encoders_give_each_patch_its_own_code():
+    p = bank(code_encoder="per_patch")
+    assert p.encoder.weight.shape == (K * RANK, D) and p.flops_per_token() > bank().flops_per_token()
+    h = torch.randn(12, D)
+    torch.testing.assert_close(p(h), per_patch_reference(p, h), rtol=1e-5, atol=1e-6)
+    idx, _, scores = p.route(F.layer_norm(h, (D,)))
+    before = p(h).detach()
+    # Changing patch i's encoder changes exactly the tokens routed to i (their Delta_i), not the
+    # routing scores (the encoders are not part of routing) and no other token.
+    i = int(idx[0, 0])
+    with torch.no_grad():
+        p.encoder.weight.view(K, RANK, D)[i] += torch.randn(RANK, D)  # (a constant would vanish: LN(h) sums to 0)
+    after = p(h).detach()
+    torch.testing.assert_close(p.route(F.layer_norm(h, (D,)))[2], scores)
+    uses_i = (idx == i).any(-1)
+    changed = (after - before).abs().amax(-1) > 1e-6
+    assert uses_i.any() and torch.equal(changed, uses_i)
+    # a token's backward reaches only its top-k patches' encoders
+    p.zero_grad()
+    token = h[:1]
+    chosen = set(p.route(F.layer_norm(token, (D,)))[0][0].tolist())
+    p(token).pow(2).sum().backward()
+    grad = p.encoder.weight.grad.view(K, -1).abs().sum(-1) + p.encoder.bias.grad.view(K, -1).abs().sum(-1)
+    assert {j for j in range(K) if grad[j] > 0} == chosen
+
+
+def test_per_patch_encoders_handle_one_patch_taking_every_token():
+    p = bank(code_encoder="per_patch")
+    h = torch.randn(1, D).expand(9, D).contiguous()  # every token routed to the same top-k patches
+    torch.testing.assert_close(p(h), per_patch_reference(p, h), rtol=1e-5, atol=1e-6)
+
+
+def test_long_horizon_balance_uses_a_hand_computed_ema_of_usage():
+    horizon = 4
+    p = bank(balance_horizon=horizon)
+    decay = 1 - 1 / horizon
+    ema = torch.zeros(K)
+    for step in range(1, 4):
+        x = torch.randn(6, D)
+        idx, _, scores = p.route(x)
+        fraction = torch.bincount(idx.flatten(), minlength=K).float() / idx.numel()
+        ema = decay * ema + (1 - decay) * fraction
+        corrected = ema / (1 - decay**step)
+        expected = K * (corrected * scores.softmax(-1).mean(0)).sum() - 1
+        torch.testing.assert_close(p.load_balance_loss(idx, scores), expected)
+        torch.testing.assert_close(p.usage_ema, ema)
+        assert int(p.usage_ema_steps) == step
+    assert not hasattr(bank(), "usage_ema")  # horizon 1 (the default) keeps no state: the batch's usage
+
+
+def test_long_horizon_balance_does_not_spread_a_new_domain_over_the_old_domains_patches():
+    """Patches 0-3 serve domain A, 4-7 domain B (top-1). After a run of A batches, a B batch's balance
+    gradient, per batch, moves B's routing mass onto A's patches (it spreads each single-domain batch
+    over all patches); over a long horizon, A's accumulated usage pushes B away from A's patches."""
+    eye = torch.eye(D)[:K]
+    domain_a, domain_b = eye[:4].repeat(4, 1), eye[4:].repeat(4, 1)
+
+    def mass_on_a_after_a_balance_step(horizon: int) -> tuple[float, float]:
+        p = bank(top_k=1, balance_horizon=horizon, tau=1.0)  # soft scores: the softmax is not saturated
+        with torch.no_grad():
+            p.prototypes.copy_(eye)
+        for _ in range(50):
+            p.load_balance_loss(*p.route(domain_a)[::2])
+        idx, _, scores = p.route(domain_b)
+        assert set(idx.flatten().tolist()) == {4, 5, 6, 7}
+        scores = scores.detach().requires_grad_(True)
+        p.load_balance_loss(idx, scores).backward()
+        stepped = scores - 0.5 * scores.grad
+        mass = [float(s.detach().softmax(-1)[:, :4].sum(-1).mean()) for s in (scores, stepped)]
+        return mass[0], mass[1]
+
+    before, after = mass_on_a_after_a_balance_step(1)
+    assert after > before  # per batch: B is pushed into A's patches
+    before, after = mass_on_a_after_a_balance_step(1000)
+    assert after < before  # long horizon: B is pushed off A's patches
+
+
+def frozen_routing_params(model) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if n.endswith("prototypes") or ".mlp.encoder." in n}
+
+
+@pytest.mark.parametrize("encoder", ["shared", "per_patch"])
+def test_frozen_routing_gets_no_gradient_after_the_first_task(encoder):
+    model = get_cl_model(tiny_lm(), lm_config(freeze_routing_after_first_task=True, code_encoder=encoder))
+    routing = frozen_routing_params(model)
+    assert len(routing) == 2 * (1 + 2)  # per bank: prototypes, encoder weight and bias
+    method, ids = model.method, torch.randint(4, VOCAB, (2, 8))
+    model.train()
+    for task in (0, 1):
+        method.on_task_start(model, None, StepContext(task))
+        trainable = model.trainable_parameters()
+        optimizer = torch.optim.AdamW(trainable, lr=0.1, weight_decay=0.1)
+        snapshot = {n: p.detach().clone() for n, p in model.named_parameters()}
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+        optimizer.step()
+        moved = {n for n, p in model.named_parameters() if not torch.equal(p, snapshot[n])}
+        if task == 0:
+            assert set(routing) <= moved  # the first task trains the routing
+        else:
+            assert all(not p.requires_grad and p.grad is None for p in routing.values())
+            assert not set(routing) & moved and {id(p) for p in routing.values()}.isdisjoint(map(id, trainable))
+            assert any(n.endswith("decoders") for n in moved) and any("attn" in n for n in moved)
+        optimizer.zero_grad(set_to_none=True)
+        method.on_task_end(model, None, StepContext(task))
+        assert all(p.requires_grad for p in model.parameters())  # trainable (and saved) between tasks
+
+
+def test_frozen_routing_and_long_horizon_state_survive_save_load_and_resume(tmp_path):
+    from hf_clroute.bench.lm import windows
+
+    corpora = [load_source("shakespeare"), load_source("kjv")]
+    stream = text_domains(corpora, ["shakespeare", "kjv"], train_chars=3_000, test_chars=600, seed=0)
+    stream = [dataclasses.replace(e, train=windows(e.train, 32), test=windows(e.test, 32)) for e in stream]
+    tokenizer = CharTokenizer.from_corpus([t for e in stream for split in (e.train, e.test) for t in split["text"]])
+    config = lm_config(freeze_routing_after_first_task=True, code_encoder="per_patch", load_balance_horizon=50)
+
+    def fresh():
+        torch.manual_seed(0)
+        backbone = GPT2LMHeadModel(char_lm_config(len(tokenizer), n_layer=2, n_embd=32, n_head=2, n_positions=32))
+        return get_cl_model(backbone, config)
+
+    snapshots = []
+
+    def trainer(model, **kwargs):
+        start = model.method.on_task_start
+
+        def on_task_start(model_, experience, ctx):
+            start(model_, experience, ctx)
+            if ctx.task_id == 1:
+                snapshots.append({n: p.detach().clone() for n, p in frozen_routing_params(model_).items()})
+                assert all(not p.requires_grad for p in frozen_routing_params(model_).values())
+
+        model.method.on_task_start = on_task_start
+        training = TrainingConfig(batch_size=8, learning_rate=3e-3, progress=False, checkpoint_dir=str(tmp_path / "ckpt"),
+                                  checkpoint_every=3, **kwargs)
+        return ContinualTrainer(model, stream, training, CausalLMCollator(tokenizer, 32), make_accelerator(training, cpu=True))
+
+    steps_a = -(-len(stream[0].train) // 8)
+    first = fresh()
+    partial = trainer(first, stop_after_steps=steps_a + 4).fit()  # killed mid-way through task 1
+    assert not partial.finished and len(snapshots) == 1
+    resumed_model = fresh()
+    trainer(resumed_model).fit(resume_from=tmp_path / "ckpt")
+    assert len(snapshots) == 2  # the resumed run re-froze the routing at task 1 ...
+    for name, value in snapshots[1].items():  # ... which the checkpoint held as task 0 left it
+        assert torch.equal(value, snapshots[0][name]), name
+        assert torch.equal(dict(resumed_model.named_parameters())[name], value), name
+    banks = resumed_model.method.banks
+    assert all(int(b.usage_ema_steps) == 2 * steps_a for b in banks)  # the usage average carried across the stop
+    resumed_model.save_pretrained(tmp_path / "adapter")
+    loaded = CLModel.from_pretrained(GPT2LMHeadModel(resumed_model.backbone.config), tmp_path / "adapter").eval()
+    assert loaded.config.freeze_routing_after_first_task and loaded.config.code_encoder == "per_patch"
+    for a, b in zip(banks, loaded.method.banks):
+        assert torch.equal(a.usage_ema, b.usage_ema) and torch.equal(a.usage_ema_steps, b.usage_ema_steps)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    resumed_model.eval()
+    assert torch.equal(loaded(input_ids=ids).logits, resumed_model(input_ids=ids).logits)
+
+
+def test_charlm_apn_settings_variants_resolve_to_their_configs():
+    from hf_clroute.bench.lm import CharLMSuite, expand_variants, parse_variant, variant_config
+
+    assert expand_variants(["apn-frozen-routing"]) == ["apn-frozen-routing-all", "apn-frozen-routing-ffn"]
+    assert parse_variant("apn-per-patch-all") == ("apn-per-patch", "all")
+    for bad in ("apn-nonexistent-all", "lora-all", "apn-per-patch-head"):
+        with pytest.raises(ValueError, match="variant"):
+            parse_variant(bad)
+    suite = CharLMSuite.load("charlm-plateau")
+    configs = {v: variant_config(suite, v) for v in expand_variants(suite.methods)}
+    apn = configs["apn-all"]
+    assert apn.num_patches == 64 and apn.mode == "replace"  # the charlm-domains block, through the suite's base
+    assert configs["apn-frozen-routing-all"].freeze_routing_after_first_task
+    assert configs["apn-per-patch-all"].code_encoder == "per_patch"
+    assert configs["apn-lb-horizon-all"].load_balance_horizon > 1
+    assert configs["apn-no-balance-all"].load_balance_weight == 0
+    for name, cfg in configs.items():  # each variant differs from apn-all only in its own option
+        if name.startswith("apn-") and name != "apn-all":
+            differ = {k for k, v in cfg.to_dict().items() if apn.to_dict().get(k) != v}
+            assert len(differ) == 1, (name, differ)

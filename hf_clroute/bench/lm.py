@@ -11,6 +11,9 @@ Variants, "<architecture>-<adaptation>":
 * architecture ``dense``: the GPT-2 MLP; ``apn``: every MLP replaced by a
   :class:`~hf_clroute.methods.apn.PatchFFN` bank (``hf_clroute/configs/methods/apn.json``,
   ``suites.charlm-domains``), same depth and width;
+* architecture ``<apn variant>`` (a settings file ``configs/methods/<name>.json`` with
+  ``"method": "apn"``, e.g. ``apn-frozen-routing``): APN with that file's config on top of
+  ``apn.json`` and its per-suite blocks, e.g. ``apn-frozen-routing-all``;
 * adaptation ``all``: every weight trains on every domain (the paper's global
   fine-tuning); ``ffn``: everything trains on domain A, then only the FFNs (dense:
   ``finetune-ffn``) or the patch banks (APN: ``adapt_params="ffn"``).
@@ -51,7 +54,7 @@ from ..baselines.finetune import FfnFinetuneConfig
 from ..methods.apn import ApnConfig, PatchFFN, patch_overlap
 from ..metrics import mean_std, perplexity_retention, retention
 from ..model import get_cl_model
-from .settings import merged_method_settings
+from .settings import merged_method_settings, registered_method
 from .results import write_run
 from .suites import load_suite, merge_seed_runs
 
@@ -85,33 +88,40 @@ class CharLMSuite:
         return load_suite(cls, name_or_path, quick)
 
 
+def is_architecture(name: str) -> bool:
+    """'dense', 'apn', or an APN settings variant (``configs/methods/<name>.json`` with ``"method": "apn"``)."""
+    return name in ARCHITECTURES or (name.startswith("apn-") and registered_method(name) == "apn")
+
+
 def parse_variant(name: str) -> tuple[str, str]:
-    arch, _, adapt = name.partition("-")
-    if arch not in ARCHITECTURES or adapt not in ADAPTATIONS:
-        raise ValueError(f"unknown charlm-domains variant {name!r}: use '<{'|'.join(ARCHITECTURES)}>-<{'|'.join(ADAPTATIONS)}>'")
+    arch, _, adapt = name.rpartition("-")
+    if not is_architecture(arch) or adapt not in ADAPTATIONS:
+        raise ValueError(f"unknown charlm-domains variant {name!r}: use '<{'|'.join(ARCHITECTURES)}|apn-...>-"
+                         f"<{'|'.join(ADAPTATIONS)}>' (apn-...: an APN settings file in configs/methods)")
     return arch, adapt
 
 
 def expand_variants(methods: list[str]) -> list[str]:
-    """'apn' means both 'apn-all' and 'apn-ffn'."""
+    """'apn' means both 'apn-all' and 'apn-ffn' (likewise an APN settings variant alone)."""
     out = []
     for m in methods:
-        out += [f"{m}-{a}" for a in ADAPTATIONS] if m in ARCHITECTURES else [m]
+        out += [f"{m}-{a}" for a in ADAPTATIONS] if is_architecture(m) else [m]
     for m in out:
         parse_variant(m)
     return list(dict.fromkeys(out))
 
 
-def apn_settings(suite: CharLMSuite) -> dict[str, Any]:
-    """APN's config fields for this suite: its method file, then the blocks of the suites it is based on, then its own."""
-    return merged_method_settings("apn", [*reversed(suite.bases), suite.name])["config"]
+def apn_settings(suite: CharLMSuite, arch: str = "apn") -> dict[str, Any]:
+    """APN's config fields for this suite: its method file (for a variant: apn.json, then the variant's
+    file), then the blocks of the suites it is based on, then its own."""
+    return merged_method_settings(arch, [*reversed(suite.bases), suite.name])["config"]
 
 
 def variant_config(suite: CharLMSuite, variant: str) -> CLConfig:
     arch, adapt = parse_variant(variant)
     if arch == "dense":
         return FinetuneConfig(freeze_backbone=False) if adapt == "all" else FfnFinetuneConfig()
-    settings = apn_settings(suite)
+    settings = apn_settings(suite, arch)
     return ApnConfig(**{**settings, "mode": "replace", "freeze_backbone": False, "adapt_params": adapt})
 
 
@@ -215,7 +225,7 @@ def run_variant(suite: CharLMSuite, variant: str, seed: int, stream: list, token
         **param_counts(backbone),
         **flops_per_token(backbone, suite.block_size),
     }
-    if variant.startswith("apn"):
+    if parse_variant(variant)[0] != "dense":
         row["patch_usage"] = model.method.patch_usage.tolist()
         row["patch_overlap"] = patch_overlap(model.method.patch_usage)
     return row
@@ -266,8 +276,12 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
                   f"new-domain PPL {', '.join(f'{x:.2f}' for x in row['adaptation'])} ({row['wall_s']:.0f}s)", flush=True)
     config = {k: v for k, v in dataclasses.asdict(suite).items() if k not in ("quick", "bases")}
     config["domain_names"] = [domain_name(d) for d in suite.domains]
-    return write_results({"suite": suite.name, "seeds": seeds, "quick": quick,
-                          "config": config | {"apn": apn_settings(suite)}}, runs, out)
+    config["apn"] = apn_settings(suite)
+    archs = dict.fromkeys(parse_variant(v)[0] for v in variants)
+    variant_settings = {a: apn_settings(suite, a) for a in archs if a not in ARCHITECTURES}
+    if variant_settings:  # the APN settings variants' own configs
+        config["apn_variants"] = variant_settings
+    return write_results({"suite": suite.name, "seeds": seeds, "quick": quick, "config": config}, runs, out)
 
 
 def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
@@ -291,15 +305,20 @@ def results_markdown(results: dict) -> str:
     cfg = results["config"]
     domains = cfg.get("domain_names") or cfg["domains"]
     model = ", ".join(f"{k}={v}" for k, v in cfg["model"].items())
+    epochs = cfg.get("training", {}).get("epochs", 1)
+    passes = "one pass" if epochs == 1 else f"{epochs} passes (epochs)"
     lines = [
         f"# {results['suite']} (seeds {', '.join(map(str, results['seeds']))}{', quick' if results['quick'] else ''})",
         "",
         f"Char-level GPT-2 ({model}, context {cfg['block_size']}) trained from scratch on "
-        f"{' -> '.join(domains)}, one pass over {cfg['train_chars']:,} characters per domain; perplexity on "
+        f"{' -> '.join(domains)}, {passes} over {cfg['train_chars']:,} characters per domain; perplexity on "
         f"{cfg['test_chars']:,} held-out characters per domain. APN: {json.dumps(cfg['apn'], sort_keys=True)}. "
         "Mean ± std over seeds. Retention = PPL_A after B / PPL_A after A (1 = no forgetting). "
         "Adaptation = PPL on a domain right after training on it. `all`: every weight trains on every domain; "
         "`ffn`: after the first domain only the FFNs (dense) / patch banks (APN) train.",
+        *([""] + [f"`{a}`: APN with {json.dumps({k: v for k, v in s.items() if cfg['apn'].get(k) != v}, sort_keys=True)} "
+                  f"(configs/methods/{a}.json)." for a, s in cfg["apn_variants"].items()]
+          if cfg.get("apn_variants") else []),
         "",
         f"| variant | PPL A after A | PPL A after B | retention A (B) | PPL B after B | PPL C after C | "
         f"final PPL {'/'.join(d[:3] for d in domains)} | params | FFN params | FLOPs/token (FFN) | train seq/s |",
@@ -309,7 +328,7 @@ def results_markdown(results: dict) -> str:
         P = [r["ppl_matrix"] for r in m["per_seed"]]
         after_b = mean_std([p[1][0] for p in P])
         final = " / ".join(f"{s['mean']:.2f}" for s in m["final_ppl"])
-        adaptation = " | ".join(_f(s) for s in m["adaptation"][:2])
+        adaptation = " | ".join([_f(s) for s in m["adaptation"][:2]] + ["–"] * (2 - len(m["adaptation"][:2])))
         lines.append(
             f"| {name} | {_f(m['initial_ppl'])} | {_f(after_b)} | {_f(m['retention'])} | {adaptation} | {final} | "
             f"{m['params']:,} | {m['ffn_params']:,} | {m['model_flops_per_token']:,} ({m['ffn_flops_per_token']:,}) | "
@@ -318,6 +337,8 @@ def results_markdown(results: dict) -> str:
     if results.get("throughput_ratio"):
         ratios = ", ".join(f"{k}: {v:.2f}" for k, v in results["throughput_ratio"].items())
         lines += ["", f"Training throughput APN / dense (same adaptation variant): {ratios}."]
+    if cfg.get("apn_variants"):
+        lines += ["", *summary_table(results, domains)]
     for name, m in results["methods"].items():
         lines += ["", f"**{name}** perplexity matrix (row: after training on; column: evaluated on {', '.join(domains)}):", ""]
         lines += ["| after \\ on | " + " | ".join(domains) + " |", "|---" * (len(domains) + 1) + "|"]
@@ -330,6 +351,28 @@ def results_markdown(results: dict) -> str:
             lines += [f"| {domains[s]} vs {domains[t]} | {w[s][t]:.3f} | {j[s][t]:.3f} |"
                       for s in range(len(domains)) for t in range(s + 1, len(domains))]
     return "\n".join(lines) + "\n"
+
+
+def summary_table(results: dict, domains: list[str]) -> list[str]:
+    """Per variant: retention of the first domain after each later one, adaptation PPL, and the
+    patch overlap (weighted Jaccard) of every domain pair (APN variants), mean ± std over seeds."""
+    T = len(domains)
+    pairs = [(s, t) for s in range(T) for t in range(s + 1, T)]
+    head = (["variant"] + [f"retention {domains[0][:3]} after {domains[t][:3]}" for t in range(1, T)]
+            + [f"adaptation PPL {domains[t][:3]}" for t in range(1, T)]
+            + [f"overlap {domains[s][:3]}-{domains[t][:3]}" for s, t in pairs])
+    lines = ["Summary (mean ± std over seeds; retention = PPL of the first domain after a later one / right after "
+             "it; overlap = weighted Jaccard of the two domains' patch usage, mean over layers):", "",
+             "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    for name, m in results["methods"].items():
+        P = [r["ppl_matrix"] for r in m["per_seed"]]
+        cells = [_f(mean_std([p[t][0] / p[0][0] for p in P])) for t in range(1, T)]
+        cells += [_f(s) for s in m["adaptation"]]
+        for s, t in pairs:
+            seeds = [r["patch_overlap"]["weighted_jaccard"][s][t] for r in m["per_seed"] if "patch_overlap" in r]
+            cells.append(_f(mean_std(seeds), 3) if seeds else "–")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:

@@ -43,8 +43,36 @@ class ApnConfig(CLConfig):
         },
     )
     dropout: float = field(default=0.0, metadata={"help": "Dropout on the patch residual (training only)."})
+    freeze_routing_after_first_task: bool = field(
+        default=False,
+        metadata={
+            "help": "From the second task on, the prototypes and the code encoder(s) of every bank get no "
+            "gradient (frozen while each later task trains, trainable again between tasks so they are saved), "
+            "so a later domain cannot move the routing partition the first domain learnt; the gates and "
+            "decoders (and, with adapt_params='all', the rest of the model) still train."
+        },
+    )
+    code_encoder: str = field(
+        default="shared",
+        metadata={
+            "help": "'shared': one rank-r code encoder for all patches (the paper's); 'per_patch': each patch "
+            "has its own d x r encoder, computed only for the tokens routed to it (one batched matmul over "
+            "patches), so no encoder weight is shared between patches (K x d x r more parameters per bank)."
+        },
+    )
+    load_balance_horizon: int = field(
+        default=1,
+        metadata={
+            "help": "Steps the load-balancing loss averages patch usage over: 1 = this batch only (Switch-style, "
+            "the default); N > 1 = a bias-corrected exponential moving average (decay 1 - 1/N) of every "
+            "batch's assignment fractions, kept across tasks, so a run of single-domain batches is balanced "
+            "against the usage of the last ~N steps rather than spread over all patches. "
+            "load_balance_weight=0 turns balancing off."
+        },
+    )
 
     MODES: ClassVar[tuple[str, ...]] = ("replace", "adapter")
+    CODE_ENCODERS: ClassVar[tuple[str, ...]] = ("shared", "per_patch")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -58,6 +86,15 @@ class ApnConfig(CLConfig):
         if not isinstance(self.load_balance_weight, (int, float)) or self.load_balance_weight < 0:
             raise ValueError(f"ApnConfig.load_balance_weight must be >= 0, got {self.load_balance_weight!r}")
         self._check_fraction("dropout")
+        if not isinstance(self.freeze_routing_after_first_task, bool):
+            raise ValueError(
+                f"ApnConfig.freeze_routing_after_first_task must be true or false, got {self.freeze_routing_after_first_task!r}"
+            )
+        if self.code_encoder not in self.CODE_ENCODERS:
+            raise ValueError(f"ApnConfig.code_encoder must be one of {self.CODE_ENCODERS}, got {self.code_encoder!r}")
+        horizon = self.load_balance_horizon
+        if not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 1:
+            raise ValueError(f"ApnConfig.load_balance_horizon must be an integer >= 1 (steps), got {horizon!r}")
         if self.mode not in self.MODES:
             raise ValueError(f"ApnConfig.mode must be one of {self.MODES}, got {self.mode!r}")
         if self.adapt_params not in ADAPT_PARAMS:

@@ -7,6 +7,10 @@ the patch residual beside it: ``mlp(h) + patches(h)`` for pre-LN blocks, and for
 post-LN BERT the patch residual of the FFN input joins the residual inside
 ``output`` before its LayerNorm (see :class:`PostNormAdapterOutput`).
 
+``freeze_routing_after_first_task`` stops the prototypes and code encoder(s) from
+training after the first task (``on_task_start``, undone at each task's end, so the
+saved adapter holds them as trained weights and a resumed run re-freezes them).
+
 The method also keeps, per task, how often each patch of each bank was chosen
 during training (``patch_usage``, saved with the adapter), which
 :func:`patch_overlap` turns into the overlap between domains.
@@ -68,7 +72,8 @@ class Apn(ContinualMethod):
             block = blocks[index]
             bank = PatchFFN(
                 hidden, cfg.num_patches, cfg.top_k, cfg.rank, cfg.tau, cfg.gamma, cfg.dropout,
-                zero_init=cfg.mode == "adapter",
+                zero_init=cfg.mode == "adapter", code_encoder=cfg.code_encoder,
+                balance_horizon=cfg.load_balance_horizon,
             ).to(dtype=next(block.parameters()).dtype)
             path = spec.ffn[-1] if spec.post_norm else spec.ffn[0]
             if cfg.mode == "replace":
@@ -95,6 +100,12 @@ class Apn(ContinualMethod):
             self._resize_usage(ctx.task_id + 1)
         if self.config.adapt_params == "ffn" and ctx.task_id > 0:
             self._frozen = freeze_all_but(model, [*self.banks, model.head])
+        if self.config.freeze_routing_after_first_task and ctx.task_id > 0:
+            # Decided from the task id and the saved config alone, so a resumed run freezes the same.
+            routing = [p for bank in self.banks for p in bank.routing_parameters() if p.requires_grad]
+            for param in routing:
+                param.requires_grad_(False)
+            self._frozen += routing
 
     def after_step(self, model: "CLModel", batch, out, ctx: StepContext) -> None:
         counts = [bank.step_counts for bank in self.banks]

@@ -5,7 +5,10 @@ the shared code see the same normalised token and no global scale parameter):
 
 * routing: s_i = cos(x, p_i) / tau over K prototypes p_i; keep the top-k and
   softmax over the kept scores, w (sums to one per token);
-* shared code: u = W_enc x + b_enc (rank r, shared by all patches);
+* code: u = W_enc x + b_enc (rank r), shared by all patches (``code_encoder="shared"``,
+  the paper's), or u_i = W_i x + b_i with one encoder per patch (``"per_patch"``, see
+  :class:`PatchEncoders`: each patch's code is its own, so a patch's encoder learns only
+  from the tokens routed to it);
 * patch i: gate z_i = u * sigmoid(a_i * u + c_i) (patch-specific nonlinearity),
   decode Delta_i = D_i z_i with a patch-specific r x d decoder;
 * output: gamma * sum_j w_j Delta_{i_j} (the caller adds it to the residual
@@ -23,7 +26,11 @@ The load-balancing term is Switch-Transformer style, shifted to be zero at
 balance: K * sum_i f_i P_i - 1, f_i = fraction of the top-k assignments that
 went to patch i (not differentiable), P_i = mean full-softmax routing
 probability (differentiable). When usage is uniform (f_i = 1/K) it is exactly
-sum_i P_i - 1 = 0 whatever P is.
+sum_i P_i - 1 = 0 whatever P is. With ``balance_horizon`` N > 1, f is instead a
+bias-corrected exponential moving average (decay 1 - 1/N) of the batches' assignment
+fractions, kept across steps and tasks (buffers ``usage_ema``, ``usage_ema_steps``):
+balance is then asked of the usage over the last ~N steps, not of each batch, so a run
+of single-domain batches is not pushed to spread over every patch.
 """
 
 from __future__ import annotations
@@ -31,6 +38,44 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+CODE_ENCODERS = ("shared", "per_patch")
+
+
+class PatchEncoders(nn.Module):
+    """One rank-r code encoder per patch, ``forward(x, top_idx) -> (N, k, r)``: u_{n,j} = W_{i_j} x_n + b_{i_j}.
+
+    Only the chosen (token, patch) pairs are computed: the pairs are sorted by patch and
+    packed into a (K, C, d) batch (C = the busiest patch's count, zero padding), which one
+    batched matmul against the (K, d, r) encoders turns into codes. A patch's encoder gets
+    gradient only from the tokens routed to it (the padding rows are zero). Each encoder is
+    initialised like ``nn.Linear(d, r)``.
+    """
+
+    def __init__(self, hidden_size: int, num_patches: int, rank: int) -> None:
+        super().__init__()
+        self.hidden_size, self.num_patches, self.rank = hidden_size, num_patches, rank
+        bound = hidden_size**-0.5
+        # (K*r, d): rows i*r .. i*r+r-1 are patch i's encoder.
+        self.weight = nn.Parameter(torch.empty(num_patches * rank, hidden_size).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(num_patches * rank).uniform_(-bound, bound))
+
+    def forward(self, x: torch.Tensor, top_idx: torch.Tensor) -> torch.Tensor:
+        K, r, d = self.num_patches, self.rank, self.hidden_size
+        n, k = top_idx.shape
+        flat = top_idx.flatten()
+        order = flat.argsort(stable=True)  # pairs grouped by patch
+        patch = flat[order]
+        counts = torch.bincount(flat, minlength=K)
+        slot = torch.arange(n * k, device=x.device) - (counts.cumsum(0) - counts)[patch]
+        capacity = int(counts.max()) if n else 0
+        packed = x.new_zeros(K, capacity, d).index_put((patch, slot), x[order // k])
+        codes = torch.baddbmm(self.bias.view(K, 1, r), packed, self.weight.view(K, r, d).transpose(1, 2))
+        return codes[patch, slot][order.argsort()].view(n, k, r)
+
+    def extra_repr(self) -> str:
+        return f"patches={self.num_patches}, hidden={self.hidden_size}, rank={self.rank}"
 
 
 class PatchFFN(nn.Module):
@@ -46,14 +91,26 @@ class PatchFFN(nn.Module):
         gamma: float = 1.0,
         dropout: float = 0.0,
         zero_init: bool = False,
+        code_encoder: str = "shared",
+        balance_horizon: int = 1,
     ) -> None:
         super().__init__()
         if not 1 <= top_k <= num_patches:
             raise ValueError(f"PatchFFN: need 1 <= top_k <= num_patches, got top_k={top_k}, num_patches={num_patches}")
+        if code_encoder not in CODE_ENCODERS:
+            raise ValueError(f"PatchFFN: code_encoder must be one of {CODE_ENCODERS}, got {code_encoder!r}")
+        if not isinstance(balance_horizon, int) or balance_horizon < 1:
+            raise ValueError(f"PatchFFN: balance_horizon must be an integer >= 1, got {balance_horizon!r}")
         self.hidden_size, self.num_patches, self.top_k, self.rank = hidden_size, num_patches, top_k, rank
         self.tau, self.gamma = tau, gamma
+        self.code_encoder, self.balance_horizon = code_encoder, balance_horizon
         self.prototypes = nn.Parameter(torch.randn(num_patches, hidden_size))
-        self.encoder = nn.Linear(hidden_size, rank)
+        self.encoder: nn.Module = (
+            nn.Linear(hidden_size, rank) if code_encoder == "shared" else PatchEncoders(hidden_size, num_patches, rank)
+        )
+        if balance_horizon > 1:  # only then: an adapter saved without them keeps loading
+            self.register_buffer("usage_ema", torch.zeros(num_patches))
+            self.register_buffer("usage_ema_steps", torch.zeros((), dtype=torch.long))
         self.gate_scale = nn.Parameter(torch.ones(num_patches, rank))
         self.gate_bias = nn.Parameter(torch.zeros(num_patches, rank))
         # (K*r, d): rows i*r .. i*r+r-1 are D_i transposed.
@@ -74,9 +131,25 @@ class PatchFFN(nn.Module):
         top_scores, top_idx = scores.topk(self.top_k, dim=-1)
         return top_idx, top_scores.softmax(dim=-1), scores
 
+    def routing_parameters(self) -> list[nn.Parameter]:
+        """What decides and encodes a token's patches: the prototypes and the code encoder(s)."""
+        return [self.prototypes, *self.encoder.parameters()]
+
+    def balance_usage(self, fraction: torch.Tensor) -> torch.Tensor:
+        """The usage f the balance term weighs: this batch's fraction (horizon 1), or, after
+        folding it into the running average, the bias-corrected EMA over ~``balance_horizon`` steps."""
+        if self.balance_horizon == 1:
+            return fraction
+        decay = 1.0 - 1.0 / self.balance_horizon
+        with torch.no_grad():
+            self.usage_ema.mul_(decay).add_(fraction.to(self.usage_ema.dtype), alpha=1.0 - decay)
+            self.usage_ema_steps += 1
+            corrected = self.usage_ema / (1.0 - decay ** int(self.usage_ema_steps))
+        return corrected.to(fraction.dtype)
+
     def load_balance_loss(self, top_idx: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         counts = torch.bincount(top_idx.flatten(), minlength=self.num_patches).to(scores.dtype)
-        fraction = counts / counts.sum()
+        fraction = self.balance_usage(counts / counts.sum())
         mean_prob = scores.softmax(dim=-1).mean(dim=0)
         return self.num_patches * (fraction * mean_prob).sum() - 1.0
 
@@ -84,7 +157,10 @@ class PatchFFN(nn.Module):
         shape = hidden_states.shape
         x = F.layer_norm(hidden_states.reshape(-1, shape[-1]), (shape[-1],))
         top_idx, weights, scores = self.route(x)
-        code = self.encoder(x).unsqueeze(1)  # (N, 1, r), shared by the chosen patches
+        if self.code_encoder == "shared":
+            code = self.encoder(x).unsqueeze(1)  # (N, 1, r), shared by the chosen patches
+        else:
+            code = self.encoder(x, top_idx)  # (N, k, r), each chosen patch's own
         gated = code * torch.sigmoid(self.gate_scale[top_idx] * code + self.gate_bias[top_idx])  # (N, k, r)
         rows = top_idx.unsqueeze(-1) * self.rank + torch.arange(self.rank, device=x.device)  # (N, k, r)
         per_row = (weights.unsqueeze(-1) * gated).flatten(1)  # (N, k*r)
@@ -95,12 +171,16 @@ class PatchFFN(nn.Module):
         return (self.gamma * self.dropout(delta)).reshape(shape)
 
     def flops_per_token(self) -> int:
-        """Multiply-adds x 2 of one token's forward: routing, code, k gates, k decoders."""
+        """Multiply-adds x 2 of one token's forward: routing, code (one, or one per chosen patch), k gates, k decoders."""
         d, r, k, K = self.hidden_size, self.rank, self.top_k, self.num_patches
-        return 2 * (K * d + d * r + k * r * d) + 4 * k * r
+        codes = 1 if self.code_encoder == "shared" else k
+        return 2 * (K * d + codes * d * r + k * r * d) + 4 * k * r
 
     def extra_repr(self) -> str:
-        return f"hidden={self.hidden_size}, patches={self.num_patches}, top_k={self.top_k}, rank={self.rank}, tau={self.tau}, gamma={self.gamma}"
+        extra = "" if self.code_encoder == "shared" else f", code_encoder={self.code_encoder}"
+        extra += f", balance_horizon={self.balance_horizon}" if self.balance_horizon > 1 else ""
+        return (f"hidden={self.hidden_size}, patches={self.num_patches}, top_k={self.top_k}, rank={self.rank}, "
+                f"tau={self.tau}, gamma={self.gamma}{extra}")
 
 
 class AdapterFFN(nn.Module):
