@@ -107,6 +107,29 @@ def test_cache_is_reused(src):
     assert path.stat().st_mtime_ns == before
 
 
+def test_loads_read_a_memory_mapped_copy_equal_to_the_parquet_file(src, tmp_path, monkeypatch):
+    """A load maps the split's Arrow copy (the same rows and features as the parquet record),
+    rebuilds a copy older than its parquet file, and writes nothing else into the cache."""
+    real = src["wordnet"]
+    monkeypatch.setenv("HF_CLROUTE_CACHE", str(tmp_path))
+    for split, ds in real.items():  # a cache holding only the parquet record, as older versions wrote it
+        path = tmp_path / "data" / "wordnet" / f"{split}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(ds.with_format(None).data.table, path)
+    loaded = load_source("wordnet")
+    arrow = tmp_path / "data" / "wordnet" / "train.arrow"
+    assert arrow.exists() and loaded["train"].features == real["train"].features
+    assert loaded["train"][:50] == real["train"][:50] and len(loaded["train"]) == len(real["train"])
+    assert loaded["train"].cache_files == []  # in memory to datasets: map/filter write no files beside the cache
+    # A rebuilt parquet split (fewer rows) makes the mapped copy stale; the next load re-makes it.
+    parquet = tmp_path / "data" / "wordnet" / "train.parquet"
+    pq.write_table(real["train"].select(range(10)).with_format(None).data.table.combine_chunks(), parquet)
+    os.utime(parquet, ns=(arrow.stat().st_mtime_ns + 10**9,) * 2)
+    assert len(load_source("wordnet")["train"]) == 10
+    assert sorted(p.name for p in arrow.parent.iterdir()) == ["test.arrow", "test.parquet", "train.arrow",
+                                                               "train.parquet"]
+
+
 def test_unknown_source_lists_known():
     with pytest.raises(ValueError, match="fashion_mnist"):
         load_source("cifar-1000")

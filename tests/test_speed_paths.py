@@ -179,3 +179,52 @@ def test_dataloader_settings_are_validated_and_auto_workers_leave_a_core(monkeyp
     options = TrainingConfig(num_workers=2, prefetch_factor=4).loader_options(torch.device("cpu"))
     assert options["num_workers"] == 2 and options["prefetch_factor"] == 4 and options["pin_memory"] is False
     assert "prefetch_factor" not in TrainingConfig(num_workers=0).loader_options(torch.device("cpu"))
+
+
+def test_small_image_streams_are_decoded_once_and_others_kept(stream):
+    from hf_clroute.data.collate import decode_stream_if_small, decoded_size_mb
+
+    collator = COLLATORS["gray-28"]()
+    decoded = decode_stream_if_small(stream, collator)
+    assert all(not isinstance(e.train.features["image"], Image) for e in decoded)
+    assert torch.equal(collator(list(decoded[0].train))["pixel_values"], collator(list(stream[0].train))["pixel_values"])
+    rows = sum(len(e.train) + len(e.test) for e in stream)
+    assert decoded_size_mb(stream, collator) == pytest.approx(rows * 28 * 28 / 2**20)
+    # Too large for the budget, text, or already decoded: the stream comes back as it was.
+    assert all(a.train is b.train for a, b in zip(decode_stream_if_small(stream, collator, max_mb=0.01), stream))
+    assert decode_stream_if_small(decoded, collator)[0].train is decoded[0].train
+    assert decode_stream_if_small(stream, object())[0].train is stream[0].train
+
+
+def test_the_loop_steps_the_torch_optimizer_only_where_accelerate_would_just_forward():
+    from accelerate.optimizer import AcceleratedOptimizer
+
+    from hf_clroute.engine.trainer import optimizer_to_step
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(4, 2)
+    inner = torch.optim.AdamW(model.parameters())
+    _, prepared = accelerator.prepare(model, inner)
+    assert isinstance(prepared, AcceleratedOptimizer) and optimizer_to_step(accelerator, prepared) is inner
+    prepared.scaler = object()  # fp16 loss scaling: the wrapper must run
+    assert optimizer_to_step(accelerator, prepared) is prepared
+    prepared.scaler = None
+    accelerator.gradient_accumulation_steps = 2  # accumulation: the wrapper skips steps that do not sync
+    assert optimizer_to_step(accelerator, prepared) is prepared
+
+
+def test_a_statistics_pass_keeps_the_model_mode_and_training_steps_run_in_train_mode(stream):
+    """The trainer sets train mode once per task (and again after an anytime evaluation), not per
+    step; a method with nothing to train reads its features in the mode the model is in."""
+    from hf_clroute.baselines import NCMConfig
+
+    cfg = tiny_vit_config()
+    collator = ImageCollator(cfg.image_size, num_channels=cfg.num_channels)
+    steps = sum(-(-len(e.train) // 8) for e in stream)
+    for config, expected_train_calls in ((FinetuneConfig(), steps), (NCMConfig(), 0)):
+        model = get_cl_model(ViTModel(tiny_vit_config()), config).eval()
+        modes = []  # the backbone's mode at every forward call, training and evaluation
+        model.backbone.register_forward_pre_hook(lambda module, args: modes.append(module.training))
+        training = TrainingConfig(batch_size=8, progress=False, evals_per_task=3)
+        ContinualTrainer(model, stream, training, collator, make_accelerator(training, cpu=True)).fit()
+        assert modes.count(True) == expected_train_calls, config.method

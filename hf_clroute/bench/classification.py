@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from accelerate import Accelerator
 
+from ..data.collate import decode_stream_if_small
 from ..engine import ContinualTrainer, StreamResult, make_accelerator
 from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_features, reads_frozen_features
 from ..metrics import aggregate_runs, mean_std, summarize
@@ -57,8 +58,8 @@ def run_method(
     ``selected`` are the hyper-parameters ``hf-clroute tune`` chose on validation.
     """
     settings = resolve_run(suite, method, seed, training_overrides, config_overrides, selected)
-    stream = stream if stream is not None else build_stream(suite, seed)
     backbone, suite_collator = load_suite_backbone(suite)
+    stream = stream if stream is not None else decode_stream_if_small(build_stream(suite, seed), suite_collator)
     config = settings.adapter_config
     # Record the suite's backbone id ("pretrained-vit:<recipe>", "minilm", a Hub id), which
     # anyone can resolve, rather than the local path it was loaded from.
@@ -171,8 +172,8 @@ def run_bench(
         cached = {m for m in methods if uses_cached_features(suite, m, probe_backbone)}
     del probe_backbone
     for seed in seeds:
-        stream = build_stream(suite, seed)
         backbone, collator = load_suite_backbone(suite)
+        stream = decode_stream_if_small(build_stream(suite, seed), collator)  # once for every method of the seed
         reference.append(backbone_throughput(backbone, stream[0], collator, resolve_run(suite, "finetune", seed).training.batch_size))
         feature_stream, cache_s = cache_stream_features(backbone, stream, collator) if cached else (None, 0.0)
         for method in methods:

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..data.collate import decode_stream_if_small
 from ..data.streams import validation_stream
 from ..io import atomic_write_text
 from ..model import get_cl_model
@@ -50,10 +51,10 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
          progress: bool = False) -> dict[str, Any]:
     if not suite.validation_per_class:
         raise ValueError(f"suite {suite.name!r} has no validation split (set validation_per_class)")
-    stream = validation_stream(build_stream(suite, seed))
     # No probes while tuning, and no anytime evaluations: only the validation A_T decides.
     quiet = dataclasses.replace(suite, probe_forgetting=False)
     backbone, collator = load_suite_backbone(suite)
+    stream = decode_stream_if_small(validation_stream(build_stream(suite, seed)), collator)
     record: dict[str, Any] = {}
     cached_stream = None
     for method in methods:

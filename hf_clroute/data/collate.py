@@ -20,7 +20,10 @@ import pyarrow as pa
 import torch
 import torch.nn.functional as F
 
-__all__ = ["CausalLMCollator", "ImageCollator", "TextClassificationCollator", "decode_images", "decode_stream"]
+__all__ = [
+    "CausalLMCollator", "ImageCollator", "TextClassificationCollator", "decode_images", "decode_stream",
+    "decode_stream_if_small",
+]
 
 Example = dict[str, Any]
 
@@ -234,6 +237,34 @@ def decode_stream(experiences: Sequence[Any], collator: ImageCollator) -> list[A
         out.append(dataclasses.replace(e, train=decode_images(e.train, collator),
                                        test=decode_images(e.test, collator), validation=validation))
     return out
+
+
+def decoded_size_mb(experiences: Sequence[Any], collator: ImageCollator) -> float:
+    """What :func:`decode_stream` would hold in memory for ``experiences`` (MB)."""
+    h, w = collator.size
+    rows = sum(len(split) for e in experiences for split in (e.train, e.test, e.validation) if split is not None)
+    return rows * h * w * (1 if collator.num_channels == 1 else 3) / 2**20
+
+
+def decode_stream_if_small(experiences: Sequence[Any], collator: Any, max_mb: float = 1024.0) -> list[Any]:
+    """:func:`decode_stream` when ``collator`` reads images from an ``Image`` column and the decoded
+    stream fits in ``max_mb``; else the stream as it is (text, cached features, arrays, or too large).
+
+    The bench runs every method, evaluation and probe of a seed on one stream, so decoding
+    it once replaces a PNG decode per image per pass; the numbers are the same.
+    """
+    from datasets import Image
+
+    experiences = list(experiences)
+    if not isinstance(collator, ImageCollator) or not experiences:
+        return experiences
+    train = experiences[0].train
+    features = getattr(train, "features", None)
+    if not features or not isinstance(features.get(collator.image_column), Image) or not hasattr(train, "select"):
+        return experiences
+    if decoded_size_mb(experiences, collator) > max_mb:
+        return experiences
+    return decode_stream(experiences, collator)
 
 
 class TextClassificationCollator:
