@@ -370,7 +370,7 @@ def test_per_patch_encoders_give_each_patch_its_own_code():
 
 def test_per_patch_encoders_handle_one_patch_taking_every_token():
     p = bank(code_encoder="per_patch")
-    h = torch.randn(1, D).expand(9, D).contiguous()  # every token routed to the same top-k patches
+    h = torch.randn(1, D).expand(150, D).contiguous()  # every token to the same top-k patches: 3 blocks each
     torch.testing.assert_close(p(h), per_patch_reference(p, h), rtol=1e-5, atol=1e-6)
 
 

@@ -47,11 +47,15 @@ class PatchEncoders(nn.Module):
     """One rank-r code encoder per patch, ``forward(x, top_idx) -> (N, k, r)``: u_{n,j} = W_{i_j} x_n + b_{i_j}.
 
     Only the chosen (token, patch) pairs are computed: the pairs are sorted by patch and
-    packed into a (K, C, d) batch (C = the busiest patch's count, zero padding), which one
-    batched matmul against the (K, d, r) encoders turns into codes. A patch's encoder gets
-    gradient only from the tokens routed to it (the padding rows are zero). Each encoder is
-    initialised like ``nn.Linear(d, r)``.
+    packed into blocks of ``block`` rows, each block holding one patch's pairs (zero padding
+    at the end of each patch's last block), and one batched matmul of the (blocks, block, d)
+    inputs against each block's patch encoder gives the codes. The work is about
+    (N*k + K*block) * d * r whatever the routing skew (a patch taking most tokens costs no
+    padding elsewhere). A patch's encoder gets gradient only from the tokens routed to it
+    (the padding rows are zero). Each encoder is initialised like ``nn.Linear(d, r)``.
     """
+
+    block = 64
 
     def __init__(self, hidden_size: int, num_patches: int, rank: int) -> None:
         super().__init__()
@@ -62,17 +66,24 @@ class PatchEncoders(nn.Module):
         self.bias = nn.Parameter(torch.empty(num_patches * rank).uniform_(-bound, bound))
 
     def forward(self, x: torch.Tensor, top_idx: torch.Tensor) -> torch.Tensor:
-        K, r, d = self.num_patches, self.rank, self.hidden_size
+        K, r, d, B = self.num_patches, self.rank, self.hidden_size, self.block
         n, k = top_idx.shape
         flat = top_idx.flatten()
+        counts = torch.bincount(flat, minlength=K)
+        blocks_per_patch = (counts + B - 1) // B
+        blocks = int(blocks_per_patch.sum())
+        first_block = blocks_per_patch.cumsum(0) - blocks_per_patch
         order = flat.argsort(stable=True)  # pairs grouped by patch
         patch = flat[order]
-        counts = torch.bincount(flat, minlength=K)
-        slot = torch.arange(n * k, device=x.device) - (counts.cumsum(0) - counts)[patch]
-        capacity = int(counts.max()) if n else 0
-        packed = x.new_zeros(K, capacity, d).index_put((patch, slot), x[order // k])
-        codes = torch.baddbmm(self.bias.view(K, 1, r), packed, self.weight.view(K, r, d).transpose(1, 2))
-        return codes[patch, slot][order.argsort()].view(n, k, r)
+        rank_in_patch = torch.arange(n * k, device=x.device) - (counts.cumsum(0) - counts)[patch]
+        row = torch.empty_like(flat)  # each pair's row in the packed blocks, in the pairs' own order
+        row[order] = (first_block[patch] + rank_in_patch // B) * B + rank_in_patch % B
+        packed = x.new_zeros(blocks * B, d).index_copy(0, row, x.repeat_interleave(k, dim=0))
+        block_patch = torch.repeat_interleave(torch.arange(K, device=x.device), blocks_per_patch, output_size=blocks)
+        weight = self.weight.view(K, r, d).index_select(0, block_patch)  # (blocks, r, d)
+        bias = self.bias.view(K, r).index_select(0, block_patch).unsqueeze(1)  # (blocks, 1, r)
+        codes = torch.baddbmm(bias, packed.view(blocks, B, d), weight.transpose(1, 2))  # (blocks, B, r)
+        return codes.reshape(blocks * B, r).index_select(0, row).view(n, k, r)
 
     def extra_repr(self) -> str:
         return f"patches={self.num_patches}, hidden={self.hidden_size}, rank={self.rank}"
