@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from datasets import Dataset
 from torch import nn
@@ -25,12 +26,17 @@ from ..outputs import model_inputs
 
 
 class FeatureCollator:
-    """Batches of cached features: ``{"features": (B, d) float, "labels": (B,)}``."""
+    """Batches of cached features: ``{"features": (B, d) float, "labels": (B,)}``.
+
+    The cached datasets are in numpy format, so a batch is one ``np.stack`` of float32 rows
+    (the stored values, unchanged) rather than a tensor built from nested Python lists.
+    """
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        features = np.stack([np.asarray(e["features"], dtype=np.float32) for e in examples])
         return {
-            "features": torch.tensor([e["features"] for e in examples], dtype=torch.float32),
-            "labels": torch.tensor([e["label"] for e in examples], dtype=torch.long),
+            "features": torch.from_numpy(features),
+            "labels": torch.tensor([int(e["label"]) for e in examples], dtype=torch.long),
         }
 
 
@@ -44,7 +50,7 @@ def encode(backbone: nn.Module, dataset: Dataset, collator: Callable, batch_size
         inputs = model_inputs(batch)
         chunks.append(pooled_features(spec, base(**inputs), inputs.get("attention_mask")))
     features = torch.cat(chunks) if chunks else torch.zeros(0)
-    return Dataset.from_dict({"features": features.numpy(), "label": list(dataset["label"])})
+    return Dataset.from_dict({"features": features.numpy(), "label": list(dataset["label"])}).with_format("numpy")
 
 
 def cache_stream_features(
