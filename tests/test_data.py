@@ -128,6 +128,15 @@ def test_loads_read_a_memory_mapped_copy_equal_to_the_parquet_file(src, tmp_path
     assert len(load_source("wordnet")["train"]) == 10
     assert sorted(p.name for p in arrow.parent.iterdir()) == ["test.arrow", "test.parquet", "train.arrow",
                                                                "train.parquet"]
+    # A read-only cache without the copies (an older version wrote it) is read from its parquet files.
+    for copy in arrow.parent.glob("*.arrow"):
+        copy.unlink()
+
+    def read_only(parquet):
+        raise PermissionError(13, "Permission denied", str(parquet.with_suffix(".arrow")))
+
+    monkeypatch.setattr("hf_clroute.data.sources._write_arrow", read_only)
+    assert len(load_source("wordnet")["train"]) == 10 and not arrow.exists()
 
 
 def test_unknown_source_lists_known():

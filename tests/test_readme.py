@@ -42,6 +42,8 @@ REWRITES = [
      "every method of the suite takes many minutes on 2 cores; the commands after it read only the ncm adapter"),
     (r"hf-clroute bench (?!.*--quick)", "hf-clroute bench --quick ",
      "a full-size bench takes minutes: run at the suite's quick sizes"),
+    (r"^(python training/bench_speed\.py) --pairs 5 (.*)$", r"\1 --pairs 1 --quick --families frozen-head \2",
+     "5 pairs of three loop families at the suite's size take several minutes: one pair of one family, quick sizes"),
 ]
 
 

@@ -167,7 +167,12 @@ def _read_split(path: Path, name: str) -> Dataset:
     """
     arrow = _arrow_path(path)
     if not arrow.exists() or arrow.stat().st_mtime < path.stat().st_mtime:
-        _write_arrow(path)
+        try:
+            _write_arrow(path)
+        except OSError:  # a read-only cache written by an older version: read the parquet file itself
+            ds = Dataset(pq.read_table(path))
+            ds.info.dataset_name = name
+            return ds
     with pa.memory_map(str(arrow)) as source:
         table = pa.ipc.open_stream(source).read_all()
     # A fingerprint from the file, as datasets gives a dataset it memory-maps: without one,
