@@ -45,3 +45,18 @@ def test_a_study_sharing_no_method_with_its_base_gets_no_empty_table():
     assert study_tables({"split-mnist": {"ncm": row}, "split-mnist-buffer": {"er-b0": row}}) == ""
     table = study_tables({"split-mnist": {"ncm": row}, "split-mnist-20pct": {"ncm": row}})
     assert "| ncm | 50.0 ± 1.0 | 50.0 ± 1.0 | +0.0 |" in table
+
+
+def test_the_controls_table_names_its_upper_bound_joint_else_joint_frozen():
+    from hf_clroute.bench.report import controls_table
+
+    def row(a_t: float) -> dict:
+        return {"A_T": {"mean": a_t, "std": 0.01}}
+
+    rows = {"rwf": row(0.5), "rwf-head-only": row(0.52), "slda": row(0.9), "joint-frozen": row(0.85)}
+    table = controls_table({"mnist": rows})
+    assert "| rwf | 50.0 ± 1.0 | rwf-head-only | 52.0 ± 1.0 | -2.0 worse (std 1.0) | slda |" in table
+    assert table.rstrip().endswith("| joint-frozen 85.0 ± 1.0 |")
+    table = controls_table({"mnist": rows | {"joint": row(0.95)}})
+    assert table.rstrip().endswith("| joint 95.0 ± 1.0 |")
+    assert controls_table({"mnist": {"rwf": row(0.5), "rwf-head-only": row(0.5)}}).rstrip().endswith("| — |")
