@@ -228,3 +228,19 @@ def test_a_statistics_pass_keeps_the_model_mode_and_training_steps_run_in_train_
         training = TrainingConfig(batch_size=8, progress=False, evals_per_task=3)
         ContinualTrainer(model, stream, training, collator, make_accelerator(training, cpu=True)).fit()
         assert modes.count(True) == expected_train_calls, config.method
+
+
+def test_chunks_of_large_decoded_images_stay_small_and_give_the_same_batches(stream):
+    from hf_clroute.engine.trainer import fixed_row_bytes
+
+    collator = COLLATORS["vit-b16-224"]()
+    decoded = decode_images(_png_dataset(n=12), collator)  # 224x224x3 uint8 rows: 150,528 bytes each
+    assert fixed_row_bytes(decoded.features) == 224 * 224 * 3 and fixed_row_bytes(_png_dataset().features) == 0
+    data = decoded.to_iterable_dataset(num_shards=1)
+    assert OrderedStream(data, batch_size=4).chunk_size == 27  # ~4 MB, not 256 rows (38 MB)
+    assert OrderedStream(data, batch_size=32).chunk_size == 32  # never under a batch
+    gray = decode_images(stream[0].train, COLLATORS["gray-28"]()).to_iterable_dataset(num_shards=1)
+    assert OrderedStream(gray, batch_size=4).chunk_size == 256
+    config = TrainingConfig(batch_size=4, num_workers=0, progress=False)
+    small = _batches(DataLoader(OrderedStream(data, 4, chunk_bytes=1), batch_size=4, collate_fn=collator))
+    assert small == _batches(training_loader(data, collator, config, torch.device("cpu")))
