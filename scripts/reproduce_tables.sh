@@ -16,7 +16,7 @@ heads=simplecil,slda,ranpac,joint-frozen
 "$here/bench_protocol.sh" split-fashion "$heads,$routing,joint,finetune,er,lwf,ewc,lora,vpt,apn" "$root/split-fashion"
 "$here/bench_protocol.sh" wordnet "$heads,rwf-head-only,rwf,rwf-slda,mars-head-only,mars,knn,qoa" "$root/wordnet"
 "$BIN/hf-clroute" bench --suite split-mnist-buffer --seeds 0,1,2 --out "$root/split-mnist-buffer" --no-progress
-for suite in permuted-mnist drifting-regression charlm-domains charlm-domains-no-balance; do
+for suite in permuted-mnist drifting-regression charlm-domains charlm-domains-no-balance charlm-plateau; do
     "$BIN/hf-clroute" bench --suite "$suite" --seeds 0,1,2 --out "$root/$suite" --no-progress
 done
 "$BIN/hf-clroute" report
