@@ -350,19 +350,26 @@ def test_defaults_are_the_papers():
     assert math.isclose(ExpansionTest(2).false_expansion_bound, binomial_cdf(15, 20, 0.9))
 
 
+def _into_second_task(config, stream, stage: int | None = None):
+    """A model fitted on the first task, its head grown to 4 classes and the second task begun,
+    in train mode (advanced to DCDA ``stage`` when given); returns (model, method)."""
+    model, _ = fit(config, stream[:1])
+    method = model.method
+    model.grow_head(4)
+    method.begin_task(model, stream[1], _ctx())
+    while stage is not None and method.stage() != stage:
+        method.task_step += 1
+    model.train()
+    return model, method
+
+
 def test_current_task_loss_reaches_the_stage2_head_loss():
     """Stage 2's CE is the base loss: with current_task_loss the old classes' head rows get
     gradient only from the distillation terms, not from the CE on new samples."""
     stream = feature_stream(2, train_per_class=10)
     for current_task_loss in (True, False):
-        model, _ = fit(small_config(dcda_window=1, current_task_loss=current_task_loss), stream[:1])
-        method = model.method
-        model.grow_head(4)
-        method.begin_task(model, stream[1], _ctx())
+        model, method = _into_second_task(small_config(dcda_window=1, current_task_loss=current_task_loss), stream, 2)
         batch = FeatureCollator()([stream[1].train[i] for i in range(6)])
-        model.train()
-        while method.stage() != 2:
-            method.task_step += 1
         model(**batch).losses["ce"].backward()
         assert (model.head.weight.grad[:2].abs().sum() == 0) == current_task_loss
         assert model.head.weight.grad[2:].abs().sum() > 0
@@ -438,13 +445,7 @@ def test_backbone_space_anchors_are_routed_through_the_memory():
 
 def test_stage2_trains_on_anchors_of_old_classes():
     stream = feature_stream(2, train_per_class=10)
-    model, _ = fit(small_config(dcda_window=1), stream[:1])
-    method = model.method
-    model.grow_head(4)
-    method.begin_task(model, stream[1], _ctx())
-    while method.stage() != 2:
-        method.task_step += 1
-    model.train()
+    model, _ = _into_second_task(small_config(dcda_window=1), stream, 2)
     losses = model(**FeatureCollator()([stream[1].train[i] for i in range(6)])).losses
     assert {"ce", "lwf", "align", "anchor"} <= set(losses)
 
@@ -493,10 +494,7 @@ def test_new_class_logits_are_bounded_by_the_distillation_term():
 def test_anchor_distillation_reaches_new_class_rows_only_when_bounded():
     stream = feature_stream(2, train_per_class=10)
     for bounded in (True, False):
-        model, _ = fit(small_config(dcda_window=1, bound_new_classes=bounded, lambda_align=0.0), stream[:1])
-        method = model.method
-        model.grow_head(4)
-        method.begin_task(model, stream[1], _ctx())
+        model, method = _into_second_task(small_config(dcda_window=1, bound_new_classes=bounded, lambda_align=0.0), stream)
         routing = method.memory(torch.tensor(np.stack(stream[1].train["features"][:4]), dtype=torch.float32))
         model.head.zero_grad()
         anchor = method.stage2_losses(model, routing, model.head(routing.output))["anchor"]
@@ -602,13 +600,7 @@ def test_stage1_rehearses_the_memory_on_routed_anchors():
         small_config(rehearse_memory=True)
     for rehearse in (False, True):
         config = small_config(dcda_window=1, class_stats_space="backbone", rehearse_memory=rehearse, anchors_per_class=2)
-        model, _ = fit(config, stream[:1])
-        method = model.method
-        model.grow_head(4)
-        method.begin_task(model, stream[1], _ctx())
-        while method.stage() != 1:
-            method.task_step += 1
-        model.train()
+        model, method = _into_second_task(config, stream, 1)
         supcon = model(**FeatureCollator()([stream[1].train[0]])).losses["supcon"]
         if rehearse:
             supcon.backward()

@@ -138,10 +138,7 @@ def family_settings(suite, family: str):
     from hf_clroute.bench.settings import resolve_run
 
     method = {"finetune": "finetune", "frozen-head": "finetune", "rwf": "rwf"}[family]
-    from hf_clroute.engine import TrainingConfig
-
-    off = {"eval_every": 0, "progress": False}  # no anytime evaluation, whichever way the suite asks for it
-    off |= {"evals_per_task": 0} if "evals_per_task" in {f.name for f in dataclasses.fields(TrainingConfig)} else {}
+    off = {"eval_every": 0, "evals_per_task": 0, "progress": False}  # no anytime evaluation
     settings = resolve_run(suite, method, 0, off)
     config = settings.adapter_config
     if family == "frozen-head":

@@ -136,20 +136,22 @@ def _write_atomically(path: Path, write: Callable[[str], None]) -> None:
 def _write_parquet(ds: Dataset, path: Path) -> None:
     """Write ``ds`` to ``path`` atomically, with its memory-mappable copy beside it."""
     # The table's schema metadata carries the datasets features (Image, ClassLabel).
-    _write_atomically(path, lambda tmp: pq.write_table(ds.with_format(None).data.table, tmp))
-    _write_arrow(path)
+    table = ds.with_format(None).data.table
+    _write_atomically(path, lambda tmp: pq.write_table(table, tmp))
+    _write_arrow(path, table)
 
 
 def _arrow_path(parquet: Path) -> Path:
     return parquet.with_suffix(".arrow")
 
 
-def _write_arrow(parquet: Path) -> None:
-    """The parquet split as an uncompressed Arrow stream file, which a load memory-maps."""
+def _write_arrow(parquet: Path, table: pa.Table | None = None) -> None:
+    """The parquet split (``table``, else read from ``parquet``) as an uncompressed Arrow stream
+    file beside it, which a load memory-maps."""
     def write(tmp: str) -> None:
-        table = pq.read_table(parquet)
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
+        data = table if table is not None else pq.read_table(parquet)
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_stream(sink, data.schema) as writer:
+            writer.write_table(data)
 
     _write_atomically(_arrow_path(parquet), write)
 
@@ -163,24 +165,28 @@ def _read_split(path: Path, name: str) -> Dataset:
     decoding the parquet file cost about 100 MB of resident memory for MNIST. The
     table is still an in-memory one to ``datasets`` (no cache files of its own), so
     ``map``/``filter`` results stay in memory and nothing is written next to the
-    cache. An Arrow copy older than its parquet file (or missing) is rebuilt first.
+    cache. An Arrow copy older than its parquet file (or missing) is rebuilt first;
+    where it cannot be written (a read-only cache from an older version), the
+    parquet file itself is read.
     """
-    arrow = _arrow_path(path)
+    arrow: Path | None = _arrow_path(path)
     if not arrow.exists() or arrow.stat().st_mtime < path.stat().st_mtime:
         try:
             _write_arrow(path)
-        except OSError:  # a read-only cache written by an older version: read the parquet file itself
-            ds = Dataset(pq.read_table(path))
-            ds.info.dataset_name = name
-            return ds
+        except OSError:
+            arrow = None
+    ds = Dataset(pq.read_table(path)) if arrow is None else _mapped_dataset(arrow)
+    ds.info.dataset_name = name  # stream builders name their tasks after it ("mnist/task0")
+    return ds
+
+
+def _mapped_dataset(arrow: Path) -> Dataset:
     with pa.memory_map(str(arrow)) as source:
         table = pa.ipc.open_stream(source).read_all()
     # A fingerprint from the file, as datasets gives a dataset it memory-maps: without one,
     # Dataset() hashes the whole table, which reads (and pickles) every row.
     stat = arrow.stat()
-    ds = Dataset(table, fingerprint=Hasher.hash([str(arrow.resolve()), stat.st_size, stat.st_mtime_ns]))
-    ds.info.dataset_name = name  # stream builders name their tasks after it ("mnist/task0")
-    return ds
+    return Dataset(table, fingerprint=Hasher.hash([str(arrow.resolve()), stat.st_size, stat.st_mtime_ns]))
 
 
 def _check_known(name: str) -> None:

@@ -419,7 +419,10 @@ class ContinualTrainer:
         eval_steps = self._anytime_steps(experience, data) if cfg.evals_per_task else set()
         show = cfg.progress and accelerator.is_local_main_process
         bar = tqdm(loader, desc=f"task {task_id} ({experience.name})", disable=not show, leave=False)
-        if stepped is not None:  # (a statistics-only pass keeps the mode it has: no dropout while counting)
+        # Every module in train mode once per task (a hook or the bench's feature encoder may have put a
+        # submodule in eval mode); per step only the model's own flag is checked. A statistics-only pass
+        # keeps the mode it has: no dropout while counting.
+        if stepped is not None:
             train_model.train()
         for batch in bar:
             started = time.perf_counter()

@@ -29,9 +29,10 @@ for method in before:
     a, b = before[method]["per_seed"][0], after[method]["per_seed"][0]
     same = {key: a.get(key) == b.get(key) for key in ("accuracy_matrix", "anytime", "probe_A_T", "deep_forgetting_per_task")
             if key in a or key in b}
-    rows[method] = {"same": all(same.values()), "fields": same, "A_T": [a["A_T"], b["A_T"]]}
+    rows[method] = {"same": all(same.values()), "fields": same, "A_T": [a["A_T"], b["A_T"]],
+                    "wall_s": [a["wall_s"], b["wall_s"]]}
     differ += not all(same.values())
-    print(f"{method:16s} A_T {a['A_T']:.4f} -> {b['A_T']:.4f}  "
+    print(f"{method:16s} A_T {a['A_T']:.4f} -> {b['A_T']:.4f}, {a['wall_s']:.0f} s -> {b['wall_s']:.0f} s  "
           + ", ".join(f"{k} {'identical' if v else 'DIFFERENT'}" for k, v in same.items()))
 json.dump({"revision_before": rev, "methods": rows}, open(f"{out}/comparison.json", "w"), indent=2)
 sys.exit(1 if differ else 0)

@@ -8,6 +8,8 @@ from typing import ClassVar
 from ...config import CLConfig
 
 ADAPT_PARAMS = ("all", "ffn")
+#: how a bank computes its codes: one encoder for all patches (the paper's), or one per patch
+CODE_ENCODERS = ("shared", "per_patch")
 
 
 @dataclass
@@ -72,7 +74,6 @@ class ApnConfig(CLConfig):
     )
 
     MODES: ClassVar[tuple[str, ...]] = ("replace", "adapter")
-    CODE_ENCODERS: ClassVar[tuple[str, ...]] = ("shared", "per_patch")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -90,8 +91,8 @@ class ApnConfig(CLConfig):
             raise ValueError(
                 f"ApnConfig.freeze_routing_after_first_task must be true or false, got {self.freeze_routing_after_first_task!r}"
             )
-        if self.code_encoder not in self.CODE_ENCODERS:
-            raise ValueError(f"ApnConfig.code_encoder must be one of {self.CODE_ENCODERS}, got {self.code_encoder!r}")
+        if self.code_encoder not in CODE_ENCODERS:
+            raise ValueError(f"ApnConfig.code_encoder must be one of {CODE_ENCODERS}, got {self.code_encoder!r}")
         horizon = self.load_balance_horizon
         if not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 1:
             raise ValueError(f"ApnConfig.load_balance_horizon must be an integer >= 1 (steps), got {horizon!r}")

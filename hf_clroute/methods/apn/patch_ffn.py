@@ -39,8 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-CODE_ENCODERS = ("shared", "per_patch")
+from .config import CODE_ENCODERS
 
 
 class PatchEncoders(nn.Module):
