@@ -12,8 +12,8 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 here=$(dirname "$0")
 routing=rwf-head-only,rwf,rwf-ranpac,rwf-slda,mars-head-only,mars,knn,qoa
 heads=simplecil,slda,ranpac,joint-frozen
-"$here/bench_protocol.sh" split-mnist "$heads,$routing,rwf-dot,joint,finetune,er,lwf,ewc,lora,vpt,apn" "$root/split-mnist"
-"$here/bench_protocol.sh" split-fashion "$heads,$routing,joint,finetune,er,lwf,ewc,lora,vpt,apn" "$root/split-fashion"
+"$here/bench_protocol.sh" split-mnist "$heads,$routing,rwf-dot,joint,finetune,er,lwf,ewc,lora,vpt,apn,apn-head-only" "$root/split-mnist"
+"$here/bench_protocol.sh" split-fashion "$heads,$routing,joint,finetune,er,lwf,ewc,lora,vpt,apn,apn-head-only" "$root/split-fashion"
 "$here/bench_protocol.sh" wordnet "$heads,rwf-head-only,rwf,rwf-slda,mars-head-only,mars,knn,qoa" "$root/wordnet"
 "$BIN/hf-clroute" bench --suite split-mnist-buffer --seeds 0,1,2 --out "$root/split-mnist-buffer" --no-progress
 for suite in permuted-mnist drifting-regression charlm-domains charlm-domains-no-balance charlm-plateau; do
