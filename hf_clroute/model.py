@@ -31,7 +31,7 @@ from .backbones import get_backbone_spec, get_base_model, pooled_features
 from .config import CONFIG_NAME, CLConfig
 from .heads import StatisticsHead, build_head
 from .io import atomic_path, refuse_pickles, resolve_pretrained_dir
-from .methods.base import StepContext
+from .methods.base import ContinualMethod, StepContext
 from .labels import record_labels
 from .outputs import CLModelOutput, backbone_inputs, model_inputs
 from .registry import get_method
@@ -92,6 +92,21 @@ class CLModel(nn.Module):
             return inputs["features"]
         outputs = self.backbone(**backbone_inputs(inputs))
         return pooled_features(self.spec, outputs, inputs.get("attention_mask"))
+
+    def reads_frozen_features(self) -> bool:
+        """True when the classifier sees only the frozen backbone's pooled features, so
+        precomputed features (``extract_features``) can stand in for the inputs with identical
+        results: every backbone tensor is frozen, no backbone module was replaced or wrapped by an
+        adapter (routed attention, LoRA, patch FFNs), no hook changes its forward (visual prompts),
+        and the method reads the backbone's own pooled features."""
+        if self.spec.modality == "lm" or any(p.requires_grad for p in self.backbone.parameters()):
+            return False
+        for module in self.backbone.modules():
+            if type(module).__module__.startswith(("hf_clroute", "peft")):
+                return False
+            if module._forward_hooks or module._forward_pre_hooks:
+                return False
+        return type(self.method).features is ContinualMethod.features
 
     def forward(self, **batch: torch.Tensor) -> CLModelOutput:
         """One call per step, as in Accelerate's examples: ``out = model(**batch)``.

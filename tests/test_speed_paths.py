@@ -19,7 +19,8 @@ from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.data.collate import decode_images, decode_stream
 from hf_clroute.engine import make_accelerator
 from hf_clroute.engine.evaluation import CollatedOnce, EvalCache
-from hf_clroute.engine.trainer import OrderedStream, release_prepared, training_loader
+from hf_clroute.engine.loading import OrderedStream, training_loader
+from hf_clroute.engine.trainer import release_prepared
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,8 @@ def test_decoded_images_give_bit_identical_pixel_values(stream, name):
         decoded = decode_images(png, collator)
         assert decoded.num_rows == png.num_rows and decoded.column_names == png.column_names
         reference = _reference(collator, png)
-        for examples in (list(png), list(decoded), list(decoded.with_format("torch")), list(decoded.with_format(None))):
+        for examples in (list(png), list(decoded), list(decoded.with_format("torch")), list(decoded.with_format(None)),
+                         png[:], decoded[:], decoded.with_format("torch")[:], decoded.with_format(None)[:]):
             pixels = collator(examples)["pixel_values"]
             assert pixels.dtype == torch.float32 and pixels.is_contiguous()
             assert torch.equal(pixels, reference)
@@ -106,8 +108,12 @@ def test_ordered_stream_gives_the_same_batches_for_any_number_of_workers(stream,
         loader = DataLoader(OrderedStream(data, 6, chunk_size=16), batch_size=6, collate_fn=collator,
                             num_workers=workers)
         assert _batches(loader) == plain, workers
-    config = TrainingConfig(batch_size=6, num_workers=2, progress=False)
-    assert _batches(training_loader(data, collator, config, torch.device("cpu"))) == plain
+    for workers in (0, 2):  # the trainer's loader: batches as column slices
+        config = TrainingConfig(batch_size=6, num_workers=workers, progress=False)
+        assert _batches(training_loader(data, collator, config, Accelerator(cpu=True))) == plain, workers
+        columns = DataLoader(OrderedStream(data, 6, chunk_size=16, columns=True), batch_size=None,
+                             collate_fn=collator, num_workers=workers)
+        assert _batches(columns) == plain, workers
 
 
 def _fit(stream, **training):
@@ -231,16 +237,96 @@ def test_a_statistics_pass_keeps_the_model_mode_and_training_steps_run_in_train_
 
 
 def test_chunks_of_large_decoded_images_stay_small_and_give_the_same_batches(stream):
-    from hf_clroute.engine.trainer import fixed_row_bytes
+    from hf_clroute.engine.loading import fixed_row_bytes
 
     collator = COLLATORS["vit-b16-224"]()
     decoded = decode_images(_png_dataset(n=12), collator)  # 224x224x3 uint8 rows: 150,528 bytes each
     assert fixed_row_bytes(decoded.features) == 224 * 224 * 3 and fixed_row_bytes(_png_dataset().features) == 0
     data = decoded.to_iterable_dataset(num_shards=1)
-    assert OrderedStream(data, batch_size=4).chunk_size == 27  # ~4 MB, not 256 rows (38 MB)
+    assert OrderedStream(data, batch_size=4).chunk_size == 24  # whole batches, ~4 MB, not 256 rows (38 MB)
     assert OrderedStream(data, batch_size=32).chunk_size == 32  # never under a batch
+    assert OrderedStream(data, batch_size=5, chunk_size=12).chunk_size == 10
     gray = decode_images(stream[0].train, COLLATORS["gray-28"]()).to_iterable_dataset(num_shards=1)
     assert OrderedStream(gray, batch_size=4).chunk_size == 256
     config = TrainingConfig(batch_size=4, num_workers=0, progress=False)
     small = _batches(DataLoader(OrderedStream(data, 4, chunk_bytes=1), batch_size=4, collate_fn=collator))
-    assert small == _batches(training_loader(data, collator, config, torch.device("cpu")))
+    assert small == _batches(training_loader(data, collator, config, Accelerator(cpu=True)))
+
+
+def test_ordered_stream_cuts_whole_batches_across_uneven_chunks(stream):
+    """A source whose chunks do not end on batch boundaries still gives batches of batch_size rows."""
+    class Uneven:
+        def iter(self, batch_size):
+            start = 0
+            for size in (5, 7, 3, 2):
+                yield {"x": np.arange(start, start + size), "y": list(range(start, start + size))}
+                start += size
+
+    reader = OrderedStream(stream[0].train_stream(epochs=1), batch_size=4)
+    batches = list(reader._batches(Uneven()))
+    assert [b["x"].tolist() for b in batches] == [list(range(i, min(i + 4, 17))) for i in range(0, 17, 4)]
+    assert [b["y"] for b in batches] == [b["x"].tolist() for b in batches]
+
+
+def test_collators_take_columns_with_the_same_result(stream):
+    collator = COLLATORS["gray-28"]()
+    decoded = decode_images(stream[0].test, collator)
+    rows = list(decoded)
+    for batch in (collator(rows), collator(decoded[:]), collator(stream[0].test[:])):
+        assert torch.equal(batch["pixel_values"], collator(list(stream[0].test))["pixel_values"])
+        assert batch["labels"].dtype == torch.long and batch["labels"].tolist() == [r["label"] for r in rows]
+
+
+def test_probes_read_the_boundary_rows_test_features_with_the_same_numbers(stream):
+    """The forgetting probe scores the test features the task-end row computed: the same records as
+    running the model over every test split again, with fewer forward passes."""
+    from hf_clroute.bench.probes import ForgettingProbes
+
+    cfg = tiny_vit_config()
+    collator = ImageCollator(cfg.image_size, num_channels=cfg.num_channels)
+    runs = {}
+    for reuse in (True, False):
+        torch.manual_seed(0)
+        model = get_cl_model(ViTModel(tiny_vit_config()), FinetuneConfig(head_init_seed=0))
+        calls = []
+        model.backbone.register_forward_pre_hook(lambda module, args: calls.append(1))
+        training = TrainingConfig(batch_size=8, progress=False, eval_batch_size=256)
+        trainer = ContinualTrainer(model, stream, training, collator, make_accelerator(training, cpu=True),
+                                   callbacks=[ForgettingProbes()])
+        if not reuse:
+            trainer.test_features = lambda task_id: None
+        result = trainer.fit()
+        runs[reuse] = (result.accuracy_matrix, result.records["probes"], len(calls))
+        if reuse:  # the last row kept both tasks' test features, in the split's order
+            features, labels = trainer.test_features(1)
+            assert labels.tolist() == list(stream[1].test["label"]) and features.shape[0] == len(stream[1].test)
+    assert runs[True][:2] == runs[False][:2]
+    # three probe passes over a test split (tasks 0; 0 and 1) are read off the rows instead
+    assert runs[False][2] - runs[True][2] == 3
+
+
+def test_a_frozen_backbones_test_features_are_computed_once_with_the_same_scores(stream):
+    """A frozen-backbone head is scored on test features kept from its first evaluation: the
+    same accuracy matrix as running the backbone at every evaluation, and each test batch goes
+    through the backbone once."""
+    cfg = tiny_vit_config()
+    collator = ImageCollator(cfg.image_size, num_channels=cfg.num_channels)
+    runs = {}
+    for cache in (20_000, 0):
+        torch.manual_seed(0)
+        model = get_cl_model(ViTModel(cfg), FinetuneConfig(freeze_backbone=True, head_init_seed=0))
+        assert model.reads_frozen_features()
+        calls = []  # the backbone's mode at every forward (a global hook: one on the backbone would end the caching)
+        hook = torch.nn.modules.module.register_module_forward_pre_hook(
+            lambda module, args, _calls=calls: _calls.append(module.training) if isinstance(module, ViTModel) else None)
+        training = TrainingConfig(batch_size=8, progress=False, evals_per_task=3, eval_cache_examples=cache)
+        try:
+            result = ContinualTrainer(model, stream, training, collator, make_accelerator(training, cpu=True)).fit()
+        finally:
+            hook.remove()
+        runs[cache] = (result.accuracy_matrix, result.anytime, result.untrained_accuracy, calls.count(False))
+    assert runs[20_000][:3] == runs[0][:3]
+    assert runs[20_000][3] == len(stream)  # one batch per test split (20 examples), read once
+    assert runs[0][3] > 3 * len(stream)
+    # a trained backbone's features change: none are kept
+    assert not get_cl_model(ViTModel(cfg), FinetuneConfig()).reads_frozen_features()

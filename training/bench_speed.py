@@ -25,7 +25,7 @@ and prints the tables.
   the same work: ``bare, clip`` (clipping at the same norm) for the clipped variants, ``bare``
   for ``no-clip``.
 * **Pipeline.** Samples/s from the ``datasets`` stream to device-ready batches through the
-  trainer's own loader (``training_loader`` + ``accelerator.prepare``), with 0 and 2 workers:
+  trainer's own loader (``training_loader``), with 0 and 2 workers:
   at the suite's size (28x28 gray PNGs) and at 224x224 RGB through a ViT-B/16-sized
   ``ViTImageProcessor`` (PNGs made in memory from MNIST digits upscaled to 224x224 RGB).
 * **Memory.** Peak RSS (``VmHWM``; ``ru_maxrss`` recorded too) of a Split-MNIST fine-tuning run (the suite's settings,
@@ -337,7 +337,7 @@ def pipeline_rate(datasets_list, collator, batch_size: int, workers: int, device
     from torch.utils.data import DataLoader
 
     from hf_clroute.engine import TrainingConfig
-    from hf_clroute.engine.trainer import training_loader
+    from hf_clroute.engine.loading import training_loader
 
     accelerator = Accelerator(cpu=device.type == "cpu", dataloader_config=DataLoaderConfiguration(split_batches=True))
     config = TrainingConfig(batch_size=batch_size, num_workers=workers, progress=False)
@@ -346,11 +346,11 @@ def pipeline_rate(datasets_list, collator, batch_size: int, workers: int, device
     for ds in datasets_list:
         data = ds.to_iterable_dataset(num_shards=1)
         if old:  # the loader as it was: rows one by one, images collated one by one
-            loader = DataLoader(data, batch_size=batch_size, collate_fn=lambda ex: old_collate(collator, ex),
-                                num_workers=workers)
+            loader = accelerator.prepare_data_loader(DataLoader(
+                data, batch_size=batch_size, collate_fn=lambda ex: old_collate(collator, ex), num_workers=workers))
         else:
-            loader = training_loader(data, collator, config, accelerator.device)
-        for batch in accelerator.prepare_data_loader(loader):
+            loader = training_loader(data, collator, config, accelerator)
+        for batch in loader:
             samples += batch["labels"].shape[0]
     return samples / (time.perf_counter() - started)
 
@@ -404,7 +404,11 @@ def memory_child(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     from transformers import ViTConfig, ViTModel
 
     stages["+ transformers ViTModel"] = rss_mb()
-    if kind == "bare":
+    if kind.startswith("bare"):
+        if kind == "bare + import datasets":  # what any loop over a `datasets` stream imports
+            import datasets  # noqa: F401
+
+            stages["+ import datasets"] = rss_mb()
         data = torch.load(spec["batches"])
         stages["+ batches loaded"] = rss_mb()
         source = spec["source"]
@@ -479,13 +483,15 @@ def measure_memory(args, source, collator) -> dict[str, Any]:
         spec = {"source": source, "batches": str(batches), "learning_rate": training.learning_rate,
                 "train_per_class": suite.train_per_class, "test_per_class": suite.test_per_class,
                 "threads": args.threads}
-        for kind in ("library", "bare"):
+        for kind in ("library", "bare", "bare + import datasets"):
             proc = subprocess.run([sys.executable, __file__, "--memory-child", kind, "--spec", json.dumps(spec)],
                                   capture_output=True, text=True, cwd=REPO, check=False)
             if proc.returncode:
                 raise RuntimeError(f"memory child {kind} failed:\n{proc.stderr[-3000:]}")
             out[kind] = json.loads(proc.stdout.strip().splitlines()[-1])
     out["peak_ratio"] = out["library"]["peak_rss_mb"] / out["bare"]["peak_rss_mb"]
+    out["peak_ratio_to_bare_with_datasets"] = (out["library"]["peak_rss_mb"]
+                                               / out["bare + import datasets"]["peak_rss_mb"])
     return out
 
 
@@ -535,12 +541,14 @@ def tables(results: dict[str, Any]) -> str:
     rows = ["| process | peak RSS (MB) |", "|---|---|"]
     rows.append(f"| library: Split-MNIST fine-tuning run | {mem['library']['peak_rss_mb']:.0f} |")
     rows.append(f"| bare loop, same batches | {mem['bare']['peak_rss_mb']:.0f} |")
-    rows.append(f"| ratio | {mem['peak_ratio']:.2f}x |")
+    rows.append(f"| bare loop, same batches, `import datasets` first | {mem['bare + import datasets']['peak_rss_mb']:.0f} |")
+    rows.append(f"| library / bare | {mem['peak_ratio']:.2f}x |")
+    rows.append(f"| library / (bare + import datasets) | {mem['peak_ratio_to_bare_with_datasets']:.2f}x |")
     out += "\nPeak memory (own processes):\n\n" + "\n".join(rows) + "\n"
-    stages = ["| after | library RSS (MB) | bare RSS (MB) |", "|---|---|---|"]
-    lib, bare = mem["library"]["stages_mb"], mem["bare"]["stages_mb"]
-    for stage in dict.fromkeys([*lib, *bare]):
-        stages.append(f"| {stage} | {lib.get(stage, float('nan')):.0f} | {bare.get(stage, float('nan')):.0f} |")
+    stages = ["| after | library RSS (MB) | bare RSS (MB) | bare + import datasets RSS (MB) |", "|---|---|---|---|"]
+    lib, bare, with_ds = (mem[k]["stages_mb"] for k in ("library", "bare", "bare + import datasets"))
+    for stage in dict.fromkeys([*lib, *bare, *with_ds]):
+        stages.append(f"| {stage} | " + " | ".join(f"{d.get(stage, float('nan')):.0f}" for d in (lib, bare, with_ds)) + " |")
     out += "\n" + "\n".join(stages) + "\n"
     return out
 
@@ -556,8 +564,10 @@ def targets(results: dict[str, Any]) -> dict[str, Any]:
                        "compared_with": run["reference"], "met": run["median_ratio"] >= 0.95,
                        "met_cpu": run["median_cpu_ratio"] >= 0.95}
                 for name, run in runs.items() if "reference" in run}
-    mem = results["memory"]["peak_ratio"]
-    out["peak memory <= 1.2x bare"] = {"ratio": mem, "met": mem <= 1.2}
+    mem = results["memory"]
+    out["peak memory <= 1.2x bare"] = {"ratio": mem["peak_ratio"], "met": mem["peak_ratio"] <= 1.2}
+    out["peak memory <= 1.2x bare + import datasets (not the issue's target)"] = {
+        "ratio": mem["peak_ratio_to_bare_with_datasets"], "met": mem["peak_ratio_to_bare_with_datasets"] <= 1.2}
     return out
 
 
@@ -571,7 +581,7 @@ def main() -> None:
     parser.add_argument("--families", default="finetune,frozen-head,rwf")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--readme-only", action="store_true", help="rewrite README.md from the JSON at --out")
-    parser.add_argument("--memory-child", choices=["library", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--memory-child", choices=["library", "bare", "bare + import datasets"], help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:  # before anything imports torch: the child measures its imports
@@ -697,6 +707,10 @@ large one inherits the parent's `ru_maxrss`). The bare process imports torch and
 has pulled in accelerate and datasets, {mem['library']['stages_mb']['+ stream built']:.0f} MB with the stream built
 (memory-mapped Arrow tables of MNIST, this stream's images decoded), and peaks at {mem['library']['peak_rss_mb']:.0f} MB against the bare loop's
 {mem['bare']['peak_rss_mb']:.0f} MB ({mem['peak_ratio']:.2f}x). `import hf_clroute` alone is lazy.
+Importing `datasets` (pyarrow and pandas with it), which any loop over a `datasets` stream does, takes the bare
+process from {mem['bare + import datasets']['stages_mb']['+ transformers ViTModel']:.0f} to
+{mem['bare + import datasets']['stages_mb']['+ import datasets']:.0f} MB; against that bare loop the library's peak is
+{mem['peak_ratio_to_bare_with_datasets']:.2f}x: the rest of the gap is the library's own.
 
 DataLoader workers: `TrainingConfig.num_workers=-1` (the default) means min(4, cores - 1) on a machine with more
 than 2 cores, else 0; on this {m['usable_cores']}-core machine that is

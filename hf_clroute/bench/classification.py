@@ -19,7 +19,7 @@ from accelerate import Accelerator
 
 from ..data.collate import decode_stream_if_small
 from ..engine import ContinualTrainer, StreamResult, make_accelerator
-from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_features, reads_frozen_features
+from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_features
 from ..metrics import aggregate_runs, mean_std, summarize
 from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
@@ -106,9 +106,9 @@ def adapter_method(from_adapter: str, methods: list[str] | None) -> list[str]:
 
 def uses_cached_features(suite: SuiteConfig, method: str, backbone: Any) -> bool:
     """Whether ``method`` on this suite reads only the frozen backbone's pooled features, so the
-    bench may feed it cached features (checked on the attached model, see ``reads_frozen_features``)."""
+    bench may feed it cached features (checked on the attached model, see ``CLModel.reads_frozen_features``)."""
     config = resolve_run(suite, method, 0).adapter_config
-    return reads_frozen_features(get_cl_model(copy.deepcopy(backbone), config))
+    return get_cl_model(copy.deepcopy(backbone), config).reads_frozen_features()
 
 
 def method_curves(model: Any) -> dict[str, list[list[float]]]:
@@ -166,7 +166,7 @@ def run_bench(
     probe_backbone, _ = load_suite_backbone(suite)
     if from_adapter:  # a continued adapter keeps its own config: ask the adapter itself
         continued = CLModel.from_pretrained(copy.deepcopy(probe_backbone), from_adapter)
-        cached = set(methods) if reads_frozen_features(continued) else set()
+        cached = set(methods) if continued.reads_frozen_features() else set()
         del continued
     else:
         cached = {m for m in methods if uses_cached_features(suite, m, probe_backbone)}

@@ -3,8 +3,8 @@
 Methods that only read the frozen backbone's pooled features (NCM, MaRS, a QOA
 head) would otherwise run the same frozen forward pass for every method and
 every evaluation. The bench computes each example's features once per seed and
-gives those methods a stream whose batches carry ``features`` instead of pixels
-or tokens; ``CLModel.extract_features`` passes them through. Results say which
+gives those methods (``CLModel.reads_frozen_features``) a stream whose batches carry
+``features`` instead of pixels or tokens; ``CLModel.extract_features`` passes them through. Results say which
 methods ran on cached features (their throughput then excludes the backbone).
 """
 
@@ -26,18 +26,23 @@ from ..outputs import model_inputs
 
 
 class FeatureCollator:
-    """Batches of cached features: ``{"features": (B, d) float, "labels": (B,)}``.
+    """Batches of cached features: ``{"features": (B, d) float, "labels": (B,)}``, from a list of
+    examples or from columns (``takes_columns``).
 
-    The cached datasets are in numpy format, so a batch is one ``np.stack`` of float32 rows
-    (the stored values, unchanged) rather than a tensor built from nested Python lists.
+    The cached datasets are in numpy format, so a batch is one float32 array of the stored
+    values, unchanged, rather than a tensor built from nested Python lists.
     """
 
-    def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
-        features = np.stack([np.asarray(e["features"], dtype=np.float32) for e in examples])
-        return {
-            "features": torch.from_numpy(features),
-            "labels": torch.tensor([int(e["label"]) for e in examples], dtype=torch.long),
-        }
+    takes_columns = True
+
+    def __call__(self, examples: list[dict] | dict[str, Any]) -> dict[str, torch.Tensor]:
+        if isinstance(examples, dict):
+            features, labels = np.array(examples["features"], dtype=np.float32), examples["label"]
+        else:
+            features = np.stack([np.asarray(e["features"], dtype=np.float32) for e in examples])
+            labels = [e["label"] for e in examples]
+        return {"features": torch.from_numpy(features),
+                "labels": torch.from_numpy(np.asarray(labels).astype(np.int64))}
 
 
 @torch.no_grad()
@@ -95,22 +100,3 @@ def backbone_throughput(
         return seen / elapsed if elapsed else 0.0
 
     return {"train_samples_per_s": run(True), "infer_samples_per_s": run(False)}
-
-
-def reads_frozen_features(model: Any) -> bool:
-    """True when the classifier of ``model`` (a CLModel) sees only the frozen backbone's pooled
-    features, so precomputed features can stand in for the inputs with identical results:
-    every backbone tensor is frozen, no backbone module was replaced or wrapped by an adapter
-    (routed attention, LoRA, patch FFNs), no hook changes its forward (visual prompts), and the
-    method reads the backbone's own pooled features."""
-    from ..methods.base import ContinualMethod
-
-    backbone = model.backbone
-    if model.spec.modality == "lm" or any(p.requires_grad for p in backbone.parameters()):
-        return False
-    for module in backbone.modules():
-        if type(module).__module__.startswith(("hf_clroute", "peft")):
-            return False
-        if module._forward_hooks or module._forward_pre_hooks:
-            return False
-    return type(model.method).features is ContinualMethod.features

@@ -29,10 +29,12 @@ if TYPE_CHECKING:  # pragma: no cover
 PROBE_RIDGE = 1e-2
 #: training examples per task the probe is fitted on (the features are recomputed at every task end).
 PROBE_TRAIN_PER_TASK = 300
+#: batch size of the probe's forward passes
+PROBE_BATCH_SIZE = 256
 
 
 @torch.no_grad()
-def model_features(model, dataset, collator: Callable, limit: int | None = None, batch_size: int = 256):
+def model_features(model, dataset, collator: Callable, limit: int | None = None, batch_size: int = PROBE_BATCH_SIZE):
     """(features, labels) of ``dataset`` as the model's classifier reads them."""
     if limit is not None and len(dataset) > limit:
         dataset = dataset.select(range(limit))
@@ -79,14 +81,19 @@ def feature_snr(x: torch.Tensor, y: torch.Tensor) -> float:
     return sum(ratios) / len(ratios) if ratios else 0.0
 
 
-def probe_seen_tasks(model, experiences: list, collator: Callable,
-                     train_per_task: int = PROBE_TRAIN_PER_TASK) -> list[dict[str, float]]:
-    """One probe over every class of ``experiences`` (the tasks seen so far), scored on each one's test split."""
+def probe_seen_tasks(model, experiences: list, collator: Callable, train_per_task: int = PROBE_TRAIN_PER_TASK,
+                     test_features: Callable[[int], tuple | None] | None = None) -> list[dict[str, float]]:
+    """One probe over every class of ``experiences`` (the tasks seen so far), scored on each one's test split.
+
+    ``test_features(j)`` may give task j's test (features, labels) as computed already (by the
+    evaluation just run, in batches of :data:`PROBE_BATCH_SIZE`: the same numbers), else None.
+    """
     train = [model_features(model, e.train, collator, limit=train_per_task) for e in experiences]
     predict = fit_probe(torch.cat([x for x, _ in train]), torch.cat([y for _, y in train]))
     scores = []
-    for experience in experiences:
-        x_test, y_test = model_features(model, experience.test, collator)
+    for j, experience in enumerate(experiences):
+        kept = test_features(j) if test_features is not None else None
+        x_test, y_test = kept if kept is not None else model_features(model, experience.test, collator)
         accuracy = (predict(x_test) == y_test).double().mean().item()
         scores.append({"probe_accuracy": accuracy, "snr": feature_snr(x_test, y_test)})
     return scores
@@ -109,7 +116,11 @@ class ForgettingProbes(Callback):
 
     def on_task_end(self, trainer: "ContinualTrainer", task_id: int) -> None:
         records = self.records(trainer)
-        scores = probe_seen_tasks(trainer.model, trainer.stream[: task_id + 1], trainer.collator)
+        # The boundary row just scored these test splits; its features are the probe's when its
+        # batches were the probe's.
+        same_batches = trainer.config.eval_batch_size == PROBE_BATCH_SIZE
+        scores = probe_seen_tasks(trainer.model, trainer.stream[: task_id + 1], trainer.collator,
+                                  test_features=trainer.test_features if same_batches else None)
         records.setdefault("diag", []).append(scores[task_id])
         if task_id == len(trainer.stream) - 1:
             records["final"] = scores

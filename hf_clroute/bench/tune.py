@@ -26,7 +26,7 @@ from ..data.streams import validation_stream
 from ..io import atomic_write_text
 from ..model import get_cl_model
 from .classification import run_method, summarize_result
-from .feature_cache import FeatureCollator, cache_stream_features, reads_frozen_features
+from .feature_cache import FeatureCollator, cache_stream_features
 from .settings import method_search, resolve_run
 from .suites import SuiteConfig, build_stream, load_suite_backbone
 
@@ -59,7 +59,7 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
     cached_stream = None
     for method in methods:
         model = get_cl_model(copy.deepcopy(backbone), resolve_run(suite, method, seed).adapter_config)
-        trains, frozen = bool(model.trainable_parameters()), reads_frozen_features(model)
+        trains, frozen = bool(model.trainable_parameters()), model.reads_frozen_features()
         if frozen and cached_stream is None:
             cached_stream, _ = cache_stream_features(backbone, stream, collator)
         grid, scores = search_grid(method, trains), []

@@ -1,4 +1,8 @@
-"""Batch collators: lists of examples (dicts from a Dataset / IterableDataset) -> tensors.
+"""Batch collators: examples (dicts from a Dataset / IterableDataset) -> tensors.
+
+Each takes a list of examples, or a batch as columns (``{"image": [...], "label": [...]}``,
+what ``dataset[i:j]`` returns; ``takes_columns = True``), with the same result: the trainer
+hands its batches over as the column slices of a chunked read, with no per-row dicts.
 
 * :class:`ImageCollator` -> ``pixel_values`` (B, C, H, W) float32 and ``labels``.
 * :class:`TextClassificationCollator` -> tokenizer outputs and ``labels``.
@@ -12,7 +16,7 @@ PIL calls), so later passes skip PIL and give bit-identical ``pixel_values``.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,10 +30,26 @@ __all__ = [
 ]
 
 Example = dict[str, Any]
+Batch = Sequence[Example] | Mapping[str, Sequence[Any]]
 
 
-def _labels(examples: Sequence[Example], column: str) -> torch.Tensor:
-    return torch.tensor([int(ex[column]) for ex in examples], dtype=torch.long)
+def _column(examples: Batch, name: str) -> Sequence[Any]:
+    """One column of a batch given as a list of examples or as columns."""
+    if isinstance(examples, Mapping):
+        return examples[name]
+    return [ex[name] for ex in examples]
+
+
+def _labels(examples: Batch, column: str) -> torch.Tensor:
+    values = _column(examples, column)
+    if isinstance(values, np.ndarray) and np.issubdtype(values.dtype, np.integer):
+        return torch.from_numpy(values.astype(np.int64))
+    return torch.tensor([int(v) for v in values], dtype=torch.long)
+
+
+def _texts(examples: Batch, column: str) -> list[str]:
+    values = _column(examples, column)
+    return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
 def _per_channel(value: float | Sequence[float], channels: int, what: str) -> torch.Tensor:
@@ -59,6 +79,7 @@ class ImageCollator:
     """
 
     _LUMA = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
+    takes_columns = True
 
     def __init__(self, image_size: int | tuple[int, int], num_channels: int = 1,
                  mean: float | Sequence[float] = 0.5, std: float | Sequence[float] = 0.5,
@@ -119,9 +140,10 @@ class ImageCollator:
             return x.expand(3, -1, -1)
         return (x * self._LUMA).sum(0, keepdim=True)
 
-    def __call__(self, examples: Sequence[Example]) -> dict[str, torch.Tensor]:
-        images = [ex[self.image_column] for ex in examples]
-        images = [self.pil_array(im) if hasattr(im, "convert") else im for im in images]
+    def __call__(self, examples: Batch) -> dict[str, torch.Tensor]:
+        images = _column(examples, self.image_column)
+        if not _stacked(images):  # a stacked column of decoded images is ready as it is
+            images = [self.pil_array(im) if hasattr(im, "convert") else im for im in images]
         pixels = self._ready_batch(images)
         if pixels is None:
             pixels = torch.stack([self.to_tensor(im) for im in images])
@@ -129,17 +151,27 @@ class ImageCollator:
         return {"pixel_values": pixels.sub_(self.mean).div_(self.std),
                 "labels": _labels(examples, self.label_column)}
 
-    def _ready_batch(self, images: list[Any]) -> torch.Tensor | None:
+    def _ready_batch(self, images: list[Any] | np.ndarray) -> torch.Tensor | None:
         """(B, C, H, W) floats in [0, 1] when every image is an array (or tensor) of one dtype
         already at the target size and channels, else None (then :meth:`to_tensor` per image).
+        ``images`` may also be them stacked, (B, H, W) or (B, H, W, C): a column in numpy format.
 
         Elementwise the same ``astype(float32) / scale`` as :meth:`to_tensor`, on the stacked
         batch: identical values, without a Python-level pass per image.
         """
-        if not images or not all(isinstance(im, (np.ndarray, torch.Tensor)) for im in images):
+        if _stacked(images):
+            return self._scaled(images, images[0]) if len(images) else None
+        if not len(images) or not all(isinstance(im, (np.ndarray, torch.Tensor)) for im in images):
             return None
         first = images[0]
-        shape, kind, dtype = tuple(first.shape), type(first), first.dtype
+        if any(type(im) is not type(first) or im.shape != first.shape or im.dtype != first.dtype for im in images):
+            return None
+        return self._scaled(torch.stack(images).numpy() if isinstance(first, torch.Tensor) else np.stack(images), first)
+
+    def _scaled(self, array: np.ndarray, first: Any) -> torch.Tensor | None:
+        """The stacked images ``array`` (each like ``first``) as (B, C, H, W) floats in [0, 1], or
+        None when they are not at the target size and channels."""
+        shape = tuple(first.shape)
         h, w = self.size
         if shape == (h, w) and self.num_channels == 1:
             layout = "hw"
@@ -149,9 +181,6 @@ class ImageCollator:
             layout = "chw"
         else:
             return None
-        if any(type(im) is not kind or tuple(im.shape) != shape or im.dtype != dtype for im in images):
-            return None
-        array = torch.stack(images).numpy() if kind is torch.Tensor else np.stack(images)
         scale = 255.0 if np.issubdtype(array.dtype, np.integer) else 1.0
         if layout == "hw":
             array = array[:, None]
@@ -160,6 +189,11 @@ class ImageCollator:
         x = array.astype(np.float32, order="C")
         x /= scale
         return torch.from_numpy(x)
+
+
+def _stacked(images: Any) -> bool:
+    """Images stacked in one numeric array (a fixed-size array column read in numpy format)."""
+    return isinstance(images, np.ndarray) and images.dtype != object
 
 
 def _is_chw(image: Any) -> bool:
@@ -274,6 +308,8 @@ class TextClassificationCollator:
     than to ``max_length``: short WordNet definitions then cost less compute.
     """
 
+    takes_columns = True
+
     def __init__(self, tokenizer: Any, max_length: int = 64, text_column: str = "text",
                  label_column: str = "label") -> None:
         self.tokenizer = tokenizer
@@ -281,8 +317,8 @@ class TextClassificationCollator:
         self.text_column = text_column
         self.label_column = label_column
 
-    def __call__(self, examples: Sequence[Example]) -> dict[str, torch.Tensor]:
-        batch = self.tokenizer([ex[self.text_column] for ex in examples], padding=True, truncation=True,
+    def __call__(self, examples: Batch) -> dict[str, torch.Tensor]:
+        batch = self.tokenizer(_texts(examples, self.text_column), padding=True, truncation=True,
                                max_length=self.max_length, return_tensors="pt")
         out = {key: batch[key] for key in ("input_ids", "attention_mask", "token_type_ids") if key in batch}
         out["labels"] = _labels(examples, self.label_column)
@@ -299,6 +335,8 @@ class CausalLMCollator:
     its EOS token, else 0 (it is never attended to nor scored).
     """
 
+    takes_columns = True
+
     def __init__(self, tokenizer: Any, block_size: int, text_column: str = "text") -> None:
         if block_size < 2:
             raise ValueError(f"CausalLMCollator: block_size must be >= 2, got {block_size}")
@@ -308,8 +346,8 @@ class CausalLMCollator:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_id = pad if pad is not None else 0
 
-    def __call__(self, examples: Sequence[Example]) -> dict[str, torch.Tensor]:
-        encoded = self.tokenizer([ex[self.text_column] for ex in examples], add_special_tokens=False,
+    def __call__(self, examples: Batch) -> dict[str, torch.Tensor]:
+        encoded = self.tokenizer(_texts(examples, self.text_column), add_special_tokens=False,
                                  truncation=True, max_length=self.block_size)["input_ids"]
         input_ids = torch.full((len(encoded), self.block_size), self.pad_id, dtype=torch.long)
         mask = torch.zeros_like(input_ids)

@@ -7,7 +7,9 @@ last batch, so the number is the same with 1 or N processes.
 A test split does not change during a run, so its collated batches are kept from
 one evaluation to the next (:class:`EvalCache`, bounded in examples per split and
 in memory overall): the same tensors, so the same scores, without reading,
-decoding and collating the split again at every evaluation.
+decoding and collating the split again at every evaluation. For a model whose
+classifier reads only the frozen backbone's features, the features themselves are
+kept (:func:`feature_batches`): later evaluations run the head alone.
 """
 
 from __future__ import annotations
@@ -60,10 +62,13 @@ def evaluate_experience(
     timer: EvalTimer | None = None,
     progress: bool = False,
     desc: str = "eval",
+    features: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> float:
     """Accuracy (fraction) on a classification test split, or perplexity for a causal LM.
 
     ``progress`` shows a bar over the split's batches on the main process (left off the screen when done).
+    ``features``, a list, receives every batch's (classifier features as float32 on the CPU, labels),
+    this process's batches in order: what a probe on the same split would compute again.
     """
     was_training = model.training
     model.eval()
@@ -80,7 +85,10 @@ def evaluate_experience(
             score, total = score + nll.sum().item(), total + tokens.sum().item()
             samples += tokens.numel()
             continue
-        logits = model(**model_inputs(batch)).logits
+        out = model(**model_inputs(batch))
+        logits = out.logits
+        if features is not None and out.features is not None:
+            features.append((out.features.float().cpu(), batch["labels"].cpu()))
         unlearnt = max(task_classes or [0]) >= logits.shape[1]
         if logits.shape[1] == 0 or unlearnt:  # the head has no output for this task yet: all wrong
             preds = torch.full_like(batch["labels"], -1)
@@ -97,6 +105,20 @@ def evaluate_experience(
     if model.spec.modality == "lm":
         return math.exp(score / max(total, 1.0))
     return score / max(total, 1.0)
+
+
+@torch.no_grad()
+def feature_batches(model: CLModel, loader: Any) -> list[dict[str, torch.Tensor]]:
+    """``loader``'s batches with their inputs replaced by the model's pooled backbone features
+    (``model.extract_features``, in eval mode): for a model that :meth:`~CLModel.reads_frozen_features`,
+    scoring these gives the scores of the inputs, without the backbone's forward pass."""
+    was_training = model.training
+    model.eval()
+    try:
+        return [{"features": model.extract_features(model_inputs(batch)), "labels": batch["labels"]}
+                for batch in loader]
+    finally:
+        model.train(was_training)
 
 
 class EvalCache:

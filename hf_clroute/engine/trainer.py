@@ -11,9 +11,8 @@ Batches are *global*: ``split_batches=True`` gives each of N processes a slice
 of the same batch one process would see, so 1 and N processes follow the same
 optimisation trajectory up to floating-point noise.
 
-Data: a task's stream is read in arrow chunks and dealt to ``num_workers``
-DataLoader workers by whole batches (:class:`OrderedStream`), so the batches and
-their order never depend on the number of workers; a test split is collated once
+Data: a task's stream is read in whole batches by :func:`~.loading.training_loader` (the
+same batches, in the same order, for any number of workers); a test split is collated once
 and its batches reused by later evaluations (``eval_cache_examples``). At a task end
 the prepared wrappers are dropped without a full ``gc.collect()`` (:func:`release_prepared`).
 """
@@ -21,21 +20,19 @@ the prepared wrappers are dropped without a full ``gc.collect()`` (:func:`releas
 from __future__ import annotations
 
 import copy
+import itertools
 import os
-import random
 import resource
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
-import datasets
-import numpy as np
 import torch
 from accelerate import Accelerator
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, DistributedType, set_seed
-from torch.utils.data import DataLoader, get_worker_info
+from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from ..config import CLConfig
@@ -46,7 +43,8 @@ from ..model import CLModel
 from ..outputs import CLModelOutput, model_inputs
 from .callbacks import Callback
 from .checkpoint import find_checkpoint, read_state, save_checkpoint
-from .evaluation import EvalCache, EvalTimer, evaluate_experience, test_loader
+from .evaluation import EvalCache, EvalTimer, evaluate_experience, feature_batches, test_loader
+from .loading import seed_worker, training_loader
 
 #: StreamResult fields a checkpoint carries, so a resumed run reports the whole stream.
 RESUMABLE_FIELDS = (
@@ -198,74 +196,6 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def seed_worker(worker_id: int) -> None:
-    """Seed a DataLoader worker's numpy and ``random`` from its torch seed.
-
-    The loader draws the workers' torch seeds from the run's torch generator (seeded by
-    ``TrainingConfig.seed`` at ``fit()``), so a collator that draws random numbers in a
-    worker draws the same ones in every run with that seed and that many workers.
-    """
-    seed = torch.initial_seed() % 2**32
-    np.random.seed(seed)
-    random.seed(seed)
-
-
-class OrderedStream(torch.utils.data.IterableDataset):
-    """A ``datasets`` training stream read in chunks and dealt to DataLoader workers by whole batches.
-
-    Worker k of W yields the examples of batches k, k + W, k + 2W, ... and the
-    DataLoader takes one batch from each worker in turn, so the batches and their order
-    are those of a loader without workers, for any W. (A ``datasets`` IterableDataset
-    handed to workers directly is split by shards, and a training stream has one shard:
-    one worker would read it all.) Every worker reads all arrow rows but decodes (images)
-    only its own examples. Chunked reads cost less per example than reading row by row:
-    ~30% less for PNG images, ~5x less for arrays in numpy format (``decode_images``).
-    A chunk holds at most ``chunk_size`` rows and, for fixed-size array columns, about
-    ``chunk_bytes``: 256 decoded 224x224 RGB images are a 38 MB read, and allocations that
-    large are mapped and faulted in afresh each time (reads ran 1.5-5x slower, and erratically).
-    """
-
-    def __init__(self, data: datasets.IterableDataset, batch_size: int, chunk_size: int = 256,
-                 chunk_bytes: int = 4 * 2**20) -> None:
-        self.data, self.batch_size = data, batch_size
-        row = fixed_row_bytes(data.features)
-        self.chunk_size = max(batch_size, min(chunk_size, chunk_bytes // row)) if row else chunk_size
-
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        info = get_worker_info()
-        workers, rank = (info.num_workers, info.id) if info is not None else (1, 0)
-        source, decode = self.data, None
-        features = self.data.features
-        if workers > 1 and features is not None and any(datasets.features.features.require_decoding(f)
-                                                        for f in features.values()):
-            source, decode = self.data.decode(False), features.decode_example
-        index = 0
-        for columns in source.iter(batch_size=self.chunk_size):
-            names = list(columns)
-            for row in zip(*(columns[name] for name in names)):
-                if (index // self.batch_size) % workers == rank:
-                    example = dict(zip(names, row))
-                    yield decode(example) if decode is not None else example
-                index += 1
-
-
-def fixed_row_bytes(features: datasets.Features | None) -> int:
-    """Bytes per row of the fixed-size array columns (``Array2D``...``Array5D``), 0 when there are none."""
-    total = 0
-    for feature in (features or {}).values():
-        shape = getattr(feature, "shape", None)
-        if isinstance(shape, tuple) and hasattr(feature, "dtype"):
-            total += int(np.prod(shape)) * np.dtype(feature.dtype).itemsize
-    return total
-
-
-def training_loader(data: Any, collator: Callable, config: TrainingConfig, device: torch.device) -> DataLoader:
-    """The DataLoader the trainer reads a task's training stream with (before ``accelerator.prepare``):
-    ``batch_size`` examples a batch, in stream order, with the config's workers, prefetch and pinning."""
-    reader = OrderedStream(data, config.batch_size) if isinstance(data, datasets.IterableDataset) else data
-    return DataLoader(reader, batch_size=config.batch_size, collate_fn=collator, **config.loader_options(device))
-
-
 def optimizer_to_step(accelerator: Accelerator, optimizer: Any) -> Any:
     """The optimizer the loop calls ``step()`` and ``zero_grad()`` on: the prepared one, or the torch
     optimizer inside it when Accelerate's wrapper would only forward the calls.
@@ -280,6 +210,21 @@ def optimizer_to_step(accelerator: Accelerator, optimizer: Any) -> Any:
              and accelerator.gradient_accumulation_steps == 1
              and accelerator.distributed_type != DistributedType.XLA)
     return optimizer.optimizer if plain else optimizer
+
+
+def grad_clipper(accelerator: Accelerator) -> Callable[[list[torch.nn.Parameter], float], Any]:
+    """The gradient clipping the loop calls: ``torch.nn.utils.clip_grad_norm_`` itself when
+    ``accelerator.clip_grad_norm_`` would only call it (no fp16 scaler to unscale, no FSDP,
+    DeepSpeed or XLA), else Accelerate's.
+
+    On the plain path Accelerate first walks the parameters looking for sharded (DTensor)
+    gradients and reads two environment flags, every step; the same torch call follows,
+    so the numbers are the same.
+    """
+    plain = (accelerator.scaler is None and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() != "true"
+             and accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU,
+                                                  DistributedType.MULTI_GPU))
+    return torch.nn.utils.clip_grad_norm_ if plain else accelerator.clip_grad_norm_
 
 
 def release_prepared(accelerator: Accelerator, optimizer: Any = None) -> None:
@@ -338,6 +283,7 @@ class ContinualTrainer:
         stream = align_stream(stream, model.config)
         self.model, self.stream, self.config, self.collator = model, stream, config, collator
         self.accelerator = accelerator or make_accelerator(config)
+        self._clip = grad_clipper(self.accelerator)
         self.callbacks = list(callbacks)
         self.run_info = {"method": model.config.method, "seed": config.seed,
                          "adapter_config": model.config.to_dict(), **(run_info or {})}
@@ -345,6 +291,8 @@ class ContinualTrainer:
         self.timer = EvalTimer()
         self._test_loaders: dict[int, DataLoader] = {}
         self._eval_cache = EvalCache(config.eval_cache_examples, config.eval_cache_mb)
+        self._test_features: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._frozen_features: dict[int, list[dict[str, torch.Tensor]]] = {}  # by task: test batches as features
         self._step_in_task = 0
 
     # ---- public ---------------------------------------------------------------
@@ -369,17 +317,31 @@ class ContinualTrainer:
         return self.result
 
     def evaluate_row(self, task_id: int, upto: int | None = None) -> list[float]:
-        """Accuracy (or perplexity) on every task's test split, or on tasks <= upto."""
+        """Accuracy (or perplexity) on every task's test split, or on tasks <= upto.
+
+        A whole row (``upto=None``) keeps the test features it computed (:meth:`test_features`).
+        """
         self.model.before_evaluation(self.context(task_id))
         if upto is not None:
             return [self._evaluate(j) for j in range(upto + 1)]
+        self._test_features.clear()
         if self.model.config.scenario == "class" and self.model.spec.modality != "lm":
             # Class-incremental: no method can predict a class it has not met, so a task
             # beyond the next one scores exactly 0 and is not worth a pass over its data.
             # (The next task is still evaluated: forward transfer reads R[t][t+1].)
             upto = min(task_id + 1, len(self.stream) - 1)
-            return [self._evaluate(j) for j in range(upto + 1)] + [0.0] * (len(self.stream) - upto - 1)
-        return [self._evaluate(j) for j in range(len(self.stream))]
+            return [self._evaluate(j, keep=True) for j in range(upto + 1)] + [0.0] * (len(self.stream) - upto - 1)
+        return [self._evaluate(j, keep=True) for j in range(len(self.stream))]
+
+    def test_features(self, task_id: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(features, labels) of task ``task_id``'s test split as the classifier read them in the last
+        whole-row evaluation, in the split's order, batches of ``eval_batch_size``; None when that
+        row did not score the task, ran on several processes, or the model has trained since.
+
+        The task-end callbacks run on the model that row scored: a probe of the test features
+        reads them here rather than running the model over the split again.
+        """
+        return self._test_features.get(task_id)
 
     def context(self, task_id: int) -> StepContext:
         """Where the stream is, with the process collectives hooks may use."""
@@ -396,6 +358,7 @@ class ContinualTrainer:
         accelerator, cfg, model = self.accelerator, self.config, self.model
         experience = self.stream[task_id]
         resuming_mid_task = self._step_in_task > 0
+        self._test_features.clear()  # the model is about to train: the kept test features go stale
         if model.config.scenario == "domain":
             model.grow_head(max(max(e.classes) for e in self.stream) + 1)
         elif experience.classes:
@@ -404,17 +367,17 @@ class ContinualTrainer:
 
         trainable = model.trainable_parameters()
         data = model.method.training_stream(experience, self.stream[: task_id + 1], cfg.epochs)
-        loader = training_loader(data, self.collator, cfg, accelerator.device)
         if trainable:
             optimizer = self._optimizer(trainable)
-            train_model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+            train_model, optimizer = accelerator.prepare(model, optimizer)
             stepped = optimizer_to_step(accelerator, optimizer)
         else:  # nothing to train (a statistics head, kNN): no DDP wrapper; the model reduces its statistics
-            train_model, optimizer, loader = model, None, accelerator.prepare(loader)
-            stepped = None
+            train_model, optimizer, stepped = model, None, None
+        loader = training_loader(data, self.collator, cfg, accelerator)
         if resuming_mid_task:
             accelerator.load_state(str(self._resume_dir / "accelerate"))
-            loader = accelerator.skip_first_batches(loader, self._step_in_task)
+            # The batches already trained on are read and dropped (a stream cannot seek).
+            loader = itertools.islice(loader, self._step_in_task, None)
 
         eval_steps = self._anytime_steps(experience, data) if cfg.evals_per_task else set()
         show = cfg.progress and accelerator.is_local_main_process
@@ -470,7 +433,7 @@ class ContinualTrainer:
         out = train_model(**batch)
         self.accelerator.backward(out.loss)
         if self.config.max_grad_norm:
-            self.accelerator.clip_grad_norm_(trainable, self.config.max_grad_norm)
+            self._clip(trainable, self.config.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return out
@@ -489,15 +452,39 @@ class ContinualTrainer:
             self.result.train_seconds += seconds
 
     # ---- evaluation ----------------------------------------------------------------
-    def _evaluate(self, task_id: int) -> float:
+    def _evaluate(self, task_id: int, keep: bool = False) -> float:
+        """Score task ``task_id``'s test split; ``keep`` keeps its features for :meth:`test_features`."""
         if task_id not in self._test_loaders:
             self._test_loaders[task_id] = test_loader(
                 self.stream[task_id], self.collator, self.config.eval_batch_size, self.accelerator,
                 cache=self._eval_cache, **self.config.loader_options(self.accelerator.device))
         classes = self.stream[task_id].classes if self.model.config.scenario == "task" else None
-        return evaluate_experience(self.model, self._test_loaders[task_id], self.accelerator, task_classes=classes,
-                                   timer=self.timer, progress=self.config.progress,
-                                   desc=f"eval task {task_id} ({self.stream[task_id].name})")
+        loader = self._frozen_test_batches(task_id) or self._test_loaders[task_id]
+        kept = [] if keep and self.accelerator.num_processes == 1 and self.model.spec.modality != "lm" else None
+        score = evaluate_experience(self.model, loader, self.accelerator, task_classes=classes,
+                                    timer=self.timer, progress=self.config.progress,
+                                    desc=f"eval task {task_id} ({self.stream[task_id].name})", features=kept)
+        if kept:
+            self._test_features[task_id] = (torch.cat([x for x, _ in kept]), torch.cat([y for _, y in kept]))
+        return score
+
+    def _frozen_test_batches(self, task_id: int) -> list[dict[str, torch.Tensor]] | None:
+        """Task ``task_id``'s test batches as backbone features, computed at its first evaluation, when
+        the model reads only frozen backbone features (they cannot change during the run), the split's
+        batches are kept (``eval_cache_examples``) and one process evaluates; else None."""
+        if task_id in self._frozen_features:
+            return self._frozen_features[task_id] if self.model.reads_frozen_features() else None
+        test = self.stream[task_id].test
+        if (self.accelerator.num_processes > 1 or not self._eval_cache.admits(test)
+                or "features" in getattr(test, "column_names", ()) or not self.model.reads_frozen_features()):
+            return None
+        started = time.perf_counter()
+        batches = feature_batches(self.model, self._test_loaders[task_id])
+        self.timer.seconds += time.perf_counter() - started  # evaluation time, though paid once
+        if not self._eval_cache.take(sum(b["features"].numel() * b["features"].element_size() for b in batches)):
+            return None
+        self._frozen_features[task_id] = batches
+        return batches
 
     def _anytime_steps(self, experience: Experience, data: Any) -> set[int]:
         """Steps within the task (counted from 1) after which to evaluate, ``evals_per_task - 1`` of
@@ -518,10 +505,14 @@ class ContinualTrainer:
         """b_j: task j scored by the model before any training, grown as it would be at task j.
 
         Evaluated on a copy, with the RNG forked, so measuring it changes nothing downstream.
+        The copy shares the backbone's tensors (evaluation only reads them; the head grows on
+        the copy): a second backbone would be the run's peak memory.
         """
         original = self.model
+        backbone = original.backbone
+        shared = {id(t): t for t in itertools.chain(backbone.parameters(), backbone.buffers())}
         with torch.random.fork_rng(devices=[]):
-            self.model = copy.deepcopy(original)
+            self.model = copy.deepcopy(original, shared)
             try:
                 scores = []
                 for j, experience in enumerate(self.stream):

@@ -85,9 +85,6 @@ class ContinualMethod(nn.Module):
     unsupported_hint: str = ""
     #: whether the shared incremental linear head produces the logits.
     uses_head: bool = True
-    #: True when the method only reads the frozen backbone's pooled features (no change
-    #: inside the backbone): the bench may then feed cached features instead of inputs.
-    reads_frozen_features: bool = False
 
     def __init__(self, config: CLConfig) -> None:
         super().__init__()
