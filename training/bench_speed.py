@@ -589,7 +589,7 @@ def main() -> None:
         return
     if args.readme_only:
         results = json.loads(Path(args.out).read_text())
-        (Path(args.out).parent / "README.md").write_text(readme(results, tables(results)))
+        (Path(args.out).parent / "README.md").write_text(readme(results, tables(results), Path(args.out).parent))
         return
     if args.threads:
         import torch
@@ -643,13 +643,27 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     table = tables(results)
-    (out.parent / "README.md").write_text(readme(results, table))
+    (out.parent / "README.md").write_text(readme(results, table, out.parent))
     print(table)
     print(json.dumps(results["targets"], indent=2))
     print(f"wrote {out} and {out.parent / 'README.md'} in {results['wall_s']:.0f}s")
 
 
-def readme(results: dict[str, Any], table: str) -> str:
+def same_numbers_note(out_dir: Path) -> str:
+    """What ``scripts/same-numbers/before_after.sh`` found, from its comparison JSON beside the results."""
+    path = out_dir / "before_after_split-mnist.json"
+    if not path.exists():
+        return ""
+    comparison = json.loads(path.read_text())
+    methods = comparison["methods"]
+    same = [m for m, row in methods.items() if row["same"]]
+    return (f"\nSame numbers: `scripts/same-numbers/before_after.sh {comparison['revision_before']} split-mnist "
+            f"{','.join(methods)}` ran those bench rows (seed 0) with the code of {comparison['revision_before']} and "
+            f"with this code: {len(same)} of {len(methods)} have identical accuracy matrices, anytime curves and "
+            f"probes ([before_after_split-mnist.json](before_after_split-mnist.json)).\n")
+
+
+def readme(results: dict[str, Any], table: str, out_dir: Path) -> str:
     m, gcm = results["machine"], results["gc"]
     threads_note = (" (set with --threads: on a shared 2-core machine two torch threads wait on each other whenever "
                     "another job holds a core, and timings swing several-fold)" if "--threads" in results["command"] else "")
@@ -715,7 +729,7 @@ process from {mem['bare + import datasets']['stages_mb']['+ transformers ViTMode
 DataLoader workers: `TrainingConfig.num_workers=-1` (the default) means min(4, cores - 1) on a machine with more
 than 2 cores, else 0; on this {m['usable_cores']}-core machine that is
 {min(4, m['usable_cores'] - 1) if m['usable_cores'] > 2 else 0}. Batches and their order do not depend on it.
-"""
+{same_numbers_note(out_dir)}"""
 
 
 if __name__ == "__main__":
