@@ -184,10 +184,10 @@ def old_collate(collator, examples):
     """``ImageCollator.__call__`` as it was: one ``to_tensor`` per image (the same numbers)."""
     import torch
 
-    from hf_clroute.data.collate import _labels
+    from hf_clroute.data.collate import batch_labels
 
     pixels = torch.stack([collator.to_tensor(ex[collator.image_column]) for ex in examples])
-    return {"pixel_values": (pixels - collator.mean) / collator.std, "labels": _labels(examples, collator.label_column)}
+    return {"pixel_values": (pixels - collator.mean) / collator.std, "labels": batch_labels(examples, collator.label_column)}
 
 
 def precollate(stream, collator, batch_size: int, device) -> list[list[dict]]:

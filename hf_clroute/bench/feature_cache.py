@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ..backbones import get_backbone_spec, get_base_model, pooled_features
+from ..data.collate import batch_column, batch_labels
 from ..data.streams import Experience
 from ..outputs import model_inputs
 
@@ -36,13 +37,8 @@ class FeatureCollator:
     takes_columns = True
 
     def __call__(self, examples: list[dict] | dict[str, Any]) -> dict[str, torch.Tensor]:
-        if isinstance(examples, dict):
-            features, labels = np.array(examples["features"], dtype=np.float32), examples["label"]
-        else:
-            features = np.stack([np.asarray(e["features"], dtype=np.float32) for e in examples])
-            labels = [e["label"] for e in examples]
-        return {"features": torch.from_numpy(features),
-                "labels": torch.from_numpy(np.asarray(labels).astype(np.int64))}
+        features = np.array(batch_column(examples, "features"), dtype=np.float32)
+        return {"features": torch.from_numpy(features), "labels": batch_labels(examples, "label")}
 
 
 @torch.no_grad()

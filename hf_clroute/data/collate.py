@@ -33,22 +33,22 @@ Example = dict[str, Any]
 Batch = Sequence[Example] | Mapping[str, Sequence[Any]]
 
 
-def _column(examples: Batch, name: str) -> Sequence[Any]:
+def batch_column(examples: Batch, name: str) -> Sequence[Any]:
     """One column of a batch given as a list of examples or as columns."""
     if isinstance(examples, Mapping):
         return examples[name]
     return [ex[name] for ex in examples]
 
 
-def _labels(examples: Batch, column: str) -> torch.Tensor:
-    values = _column(examples, column)
+def batch_labels(examples: Batch, column: str) -> torch.Tensor:
+    values = batch_column(examples, column)
     if isinstance(values, np.ndarray) and np.issubdtype(values.dtype, np.integer):
         return torch.from_numpy(values.astype(np.int64))
     return torch.tensor([int(v) for v in values], dtype=torch.long)
 
 
 def _texts(examples: Batch, column: str) -> list[str]:
-    values = _column(examples, column)
+    values = batch_column(examples, column)
     return values.tolist() if isinstance(values, np.ndarray) else list(values)
 
 
@@ -141,7 +141,7 @@ class ImageCollator:
         return (x * self._LUMA).sum(0, keepdim=True)
 
     def __call__(self, examples: Batch) -> dict[str, torch.Tensor]:
-        images = _column(examples, self.image_column)
+        images = batch_column(examples, self.image_column)
         if not _stacked(images):  # a stacked column of decoded images is ready as it is
             images = [self.pil_array(im) if hasattr(im, "convert") else im for im in images]
         pixels = self._ready_batch(images)
@@ -149,7 +149,7 @@ class ImageCollator:
             pixels = torch.stack([self.to_tensor(im) for im in images])
         # In place on the fresh batch: the same two operations as (pixels - mean) / std, no new buffers.
         return {"pixel_values": pixels.sub_(self.mean).div_(self.std),
-                "labels": _labels(examples, self.label_column)}
+                "labels": batch_labels(examples, self.label_column)}
 
     def _ready_batch(self, images: list[Any] | np.ndarray) -> torch.Tensor | None:
         """(B, C, H, W) floats in [0, 1] when every image is an array (or tensor) of one dtype
@@ -321,7 +321,7 @@ class TextClassificationCollator:
         batch = self.tokenizer(_texts(examples, self.text_column), padding=True, truncation=True,
                                max_length=self.max_length, return_tensors="pt")
         out = {key: batch[key] for key in ("input_ids", "attention_mask", "token_type_ids") if key in batch}
-        out["labels"] = _labels(examples, self.label_column)
+        out["labels"] = batch_labels(examples, self.label_column)
         return out
 
 

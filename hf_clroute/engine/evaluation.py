@@ -171,18 +171,19 @@ class CollatedOnce(torch.utils.data.Dataset):
             else:
                 examples = [self.dataset[i] for i in key]
             batch = self.collator(examples)
-            if self.cache.take(_nbytes(batch)):
+            if self.cache.take(batch_bytes(batch)):
                 self.batches[key] = batch
         return dict(batch)
 
 
-def _nbytes(batch: Any) -> int:
+def batch_bytes(batch: Any) -> int:
+    """Bytes held by the tensors of a batch (nested dicts, lists, tuples)."""
     if isinstance(batch, torch.Tensor):
         return batch.numel() * batch.element_size()
     if isinstance(batch, dict):
-        return sum(_nbytes(v) for v in batch.values())
+        return sum(batch_bytes(v) for v in batch.values())
     if isinstance(batch, (list, tuple)):
-        return sum(_nbytes(v) for v in batch)
+        return sum(batch_bytes(v) for v in batch)
     return 64
 
 

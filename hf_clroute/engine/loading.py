@@ -22,6 +22,7 @@ import datasets
 import numpy as np
 import torch
 from accelerate import Accelerator
+from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader, get_worker_info
 
 if TYPE_CHECKING:
@@ -128,8 +129,7 @@ class DeviceBatches:
             yield from self.loader
             return
         for batch in self.loader:
-            yield {k: v.to(self.device, non_blocking=self.non_blocking) if isinstance(v, torch.Tensor) else v
-                   for k, v in batch.items()}
+            yield send_to_device(batch, self.device, non_blocking=self.non_blocking)
 
 
 def training_loader(data: Any, collator: Callable, config: TrainingConfig,

@@ -43,7 +43,7 @@ from ..model import CLModel
 from ..outputs import CLModelOutput, model_inputs
 from .callbacks import Callback
 from .checkpoint import find_checkpoint, read_state, save_checkpoint
-from .evaluation import EvalCache, EvalTimer, evaluate_experience, feature_batches, test_loader
+from .evaluation import EvalCache, EvalTimer, batch_bytes, evaluate_experience, feature_batches, test_loader
 from .loading import seed_worker, training_loader
 
 #: StreamResult fields a checkpoint carries, so a resumed run reports the whole stream.
@@ -481,7 +481,7 @@ class ContinualTrainer:
         started = time.perf_counter()
         batches = feature_batches(self.model, self._test_loaders[task_id])
         self.timer.seconds += time.perf_counter() - started  # evaluation time, though paid once
-        if not self._eval_cache.take(sum(b["features"].numel() * b["features"].element_size() for b in batches)):
+        if not self._eval_cache.take(batch_bytes(batches)):
             return None
         self._frozen_features[task_id] = batches
         return batches
