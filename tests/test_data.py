@@ -198,6 +198,28 @@ def test_stream_order_fixed_per_seed(src):
     assert all(len(t) == 5 * 30 for t in texts_a)
 
 
+def test_test_set_is_the_same_for_every_seed(src):
+    """The seed draws the class order and the training examples; each class's test examples are fixed."""
+    wn = src["wordnet"]
+    classes = classes_with_at_least(wn, 300)
+
+    def per_class(seed, split):
+        exps = class_incremental(wn, classes=classes, n_tasks=8, seed=seed, train_per_class=30, test_per_class=50)
+        out: dict[int, list[str]] = {}
+        for e in exps:
+            ds = getattr(e, split)
+            for label, text in zip(column_array(ds, "original_label"), ds["text"], strict=True):
+                out.setdefault(int(label), []).append(text)
+        return [e.info["original_classes"] for e in exps], {c: sorted(v) for c, v in out.items()}
+
+    order_a, test_a = per_class(0, "test")
+    order_b, test_b = per_class(1, "test")
+    assert order_a != order_b  # another class order and task split...
+    assert test_a == test_b  # ...but every class keeps the same test examples
+    assert all(len(v) == 50 for v in test_a.values())
+    assert per_class(0, "train")[1] != per_class(1, "train")[1]  # training examples still depend on the seed
+
+
 def test_class_order_and_subsampling(src):
     exps = class_incremental(src["fashion_mnist"], classes_per_task=5, class_order=list(range(9, -1, -1)),
                              train_per_class=20, test_per_class=5, seed=3)

@@ -59,6 +59,8 @@ __all__ = [
 
 # Purposes for independent per-seed random streams.
 _CLASS_ORDER, _SUBSAMPLE, _STREAM_ORDER, _PERMUTATION, _VALIDATION = range(5)
+# Key of the seed-independent test subsample (a large constant, so it never equals a run seed's key).
+_FIXED_TEST = 2**31 - 1
 
 
 def _rng(seed: int, purpose: int, *extra: int) -> np.random.Generator:
@@ -198,14 +200,18 @@ def classes_with_at_least(dsets: DatasetDict, n: int, split: str | None = None) 
 
 
 def _subsample_per_class(labels: np.ndarray, idx: np.ndarray, per_class: int | None,
-                         rng: np.random.Generator) -> np.ndarray:
-    """At most ``per_class`` indices of each class in ``idx`` (all of a smaller class), sorted."""
+                         rng: np.random.Generator | None) -> np.ndarray:
+    """At most ``per_class`` indices of each class in ``idx`` (all of a smaller class), sorted.
+
+    ``rng`` None draws each class with a generator keyed on its label alone (not the seed),
+    so the same examples are kept whatever the seed and class order (a fixed test set)."""
     if per_class is None:
         return idx
     keep = []
     for cls in np.unique(labels[idx]):
         members = idx[labels[idx] == cls]
-        keep.append(rng.permutation(members)[:per_class])
+        draw = rng if rng is not None else np.random.default_rng([_FIXED_TEST, int(cls)])
+        keep.append(draw.permutation(members)[:per_class])
     return np.sort(np.concatenate(keep)) if keep else idx
 
 
@@ -438,8 +444,9 @@ def class_incremental(
     with the incremental labels of ``test``; ``train_per_class`` then
     subsamples the remaining training examples.  0 draws nothing: the stream
     is exactly the one built without the option.  ``train_per_class`` /
-    ``test_per_class`` subsample each class (fixed per seed; smaller classes
-    are kept whole).  Each task's training data is shuffled into a fixed
+    ``test_per_class`` subsample each class (training: fixed per seed; test:
+    the same examples for every seed and class order; smaller classes are
+    kept whole).  Each task's training data is shuffled into a fixed
     stream order by ``seed``; test data keeps the dataset order.
 
     Raises ``ValueError`` naming the dataset, split, column, task and value
@@ -495,7 +502,10 @@ def class_incremental(
                 held, idx = _carve_validation(labels[split], idx, validation_per_class,
                                               _rng(seed, _VALIDATION, t), dname, t, task_desc)
                 parts["validation"] = _ordered(remapped[split], held, None)
-            idx = _subsample_per_class(labels[split], idx, per_class[split], _rng(seed, _SUBSAMPLE, t, part))
+            # The test examples of a class are drawn by a generator keyed on the class's original label
+            # alone (a fixed test set): every seed and class order is scored on the same examples.
+            draw = _rng(seed, _SUBSAMPLE, t, part) if split == "train" else None
+            idx = _subsample_per_class(labels[split], idx, per_class[split], draw)
             rng = _rng(seed, _STREAM_ORDER, t) if split == "train" else None
             parts[split] = _ordered(remapped[split], idx, rng)
         experiences.append(Experience(t, f"{dname}/task{t}", list(range(t * k, (t + 1) * k)),
