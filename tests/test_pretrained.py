@@ -1,9 +1,11 @@
 """The stand-in pretrained ViT (issue 3): a tiny build is a loadable checkpoint with a report,
-and a recipe never reads the target stream's labels."""
+a recipe never reads the target stream's labels, and the committed assets (issue 25) install
+byte-identical to the build they were made from, refusing any file whose sha256 differs."""
 
 from __future__ import annotations
 
 import json
+import lzma
 from pathlib import Path
 
 import pytest
@@ -39,7 +41,7 @@ def test_tiny_build_is_a_loadable_checkpoint(tmp_cache: Path):
     from transformers import AutoImageProcessor, ViTForImageClassification
 
     with pytest.raises(FileNotFoundError):
-        pretrained_vit_path("vit-mnist-stream", build=False)
+        pretrained_vit_path("vit-mnist-stream", build=False, use_asset=False)
     path = pretrained_vit_path("vit-mnist-stream", **TINY)
     assert Path(path) == tmp_cache / "vit-mnist-stream"
     assert [p.name for p in tmp_cache.iterdir()] == ["vit-mnist-stream"]  # no temp dir left behind
@@ -69,6 +71,53 @@ def test_tiny_build_is_a_loadable_checkpoint(tmp_cache: Path):
     probe = report["target_probe"]
     assert probe["dataset"] == "mnist" and probe["n_test"] == 128
     assert 0.0 <= probe["ncm_accuracy"] <= 1.0 and 0.0 <= probe["linear_probe_accuracy"] <= 1.0
+
+
+def test_training_script_writes_an_asset_that_installs_byte_identical(tmp_cache: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    """`pretrain_vit.py --asset ROOT` stores the build; pretrained_vit_path installs it with no training."""
+    train = pretrained._train_module()
+    out, root = tmp_path / "built", tmp_path / "assets"
+    train.main(["--recipe", "vit-mnist-stream", "--out", str(out), "--steps", "3", "--limit", "64",
+                "--batch-size", "16", "--asset", str(root)])
+    asset = root / "vit-mnist-stream"
+    assert sorted(p.name for p in asset.iterdir()) == sorted(
+        ["SHA256SUMS", "config.json", "preprocessor_config.json", "model.safetensors.xz", "pretrain_report.json",
+         "README.md"])
+    assert lzma.decompress((asset / "model.safetensors.xz").read_bytes()) == (out / "model.safetensors").read_bytes()
+
+    monkeypatch.setattr(pretrained, "assets_root", lambda: root)
+    monkeypatch.setattr(train, "training_function", lambda *a, **k: pytest.fail("the asset must not be rebuilt"))
+    path = Path(pretrained_vit_path("vit-mnist-stream", build=False))
+    assert path == tmp_cache / "vit-mnist-stream"
+    for name in pretrained.ASSET_FILES:
+        assert (path / name).read_bytes() == (out / name).read_bytes(), name
+    assert not pretrained.asset_dir("vit-fashion-stream")  # no asset of that recipe under this root
+    with pytest.raises(FileNotFoundError, match="not built"):
+        pretrained_vit_path("vit-fashion-stream", build=False)
+
+    # A damaged asset is refused naming the file, and leaves nothing under the final name.
+    config = json.loads((asset / "config.json").read_text())
+    (asset / "config.json").write_text(json.dumps({**config, "hidden_size": 64}))
+    monkeypatch.setattr(pretrained, "models_dir", lambda: tmp_path / "fresh")
+    with pytest.raises(ValueError, match=r"config\.json has sha256 [0-9a-f]{64}, but SHA256SUMS says"):
+        pretrained_vit_path("vit-mnist-stream")
+    assert [p.name for p in (tmp_path / "fresh").iterdir()] == []
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_committed_asset_is_the_default_recipe(recipe: str, tmp_cache: Path):
+    """The package ships each recipe built with the script's current defaults, and it verifies."""
+    from transformers import ViTForImageClassification
+
+    asset = pretrained.asset_dir(recipe)
+    assert asset is not None, f"no committed asset for {recipe}: run training/pretrain_vit.py --asset"
+    path = pretrained_vit_path(recipe, build=False)  # raises unless every sha256 matches
+    report = pretrained.read_report(path)
+    assert report["settings"] == pretrained._train_module().DEFAULTS, "defaults changed: rebuild the asset"
+    assert report["recipe"] == RECIPES[recipe].to_dict() and report["target_labels_used"] is False
+    model = ViTForImageClassification.from_pretrained(path)
+    assert sum(p.numel() for p in model.parameters()) == report["num_parameters"]
 
 
 def test_target_loader_has_no_labels():

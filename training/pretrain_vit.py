@@ -26,8 +26,11 @@ training set; evaluation only).
     python training/pretrain_vit.py --recipe vit-mnist-stream --out ~/.cache/hf_clroute/models/vit-mnist-stream
     accelerate launch training/pretrain_vit.py --recipe vit-fashion-stream --out runs/vit-fashion
 
-``hf_clroute.bench.pretrained.pretrained_vit_path(recipe)`` runs :func:`training_function`
-in-process and caches the result.
+``hf_clroute.bench.pretrained.pretrained_vit_path(recipe)`` installs the package's committed
+asset of the recipe (built by this script with ``--asset``) or, without one, runs
+:func:`training_function` in-process and caches the result. To rebuild the committed assets:
+
+    python training/pretrain_vit.py --recipe vit-mnist-stream --out runs/vit-mnist-stream --asset
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from accelerate import Accelerator
+from accelerate import Accelerator, PartialState
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader, Dataset
 from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
@@ -57,9 +60,11 @@ except ImportError:  # run from a checkout without installing the package
 from hf_clroute.bench.pretrained import (  # noqa: E402  (probes and data live once, in the library)
     RECIPES,
     REPORT_NAME,
+    assets_root,
     frozen_probe_report,
     get_recipe,
     load_images,
+    write_asset,
 )
 
 # Image normalisation used in training and written into the image processor, so
@@ -404,11 +409,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"],
                         help="labelled source images per step (and unlabelled target images, x2 views)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N images per split (smoke tests)")
+    parser.add_argument("--asset", nargs="?", const=str(assets_root()), default=None, metavar="ROOT",
+                        help="also store the result as the package's committed asset, ROOT/<recipe> "
+                             "(default ROOT: hf_clroute/assets/pretrained), which pretrained_vit_path installs")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    return training_function(args.recipe, args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
-                             target_batch_size=args.batch_size, limit=args.limit,
-                             probe_train_limit=args.limit, probe_test_limit=args.limit)
+    report = training_function(args.recipe, args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size,
+                               target_batch_size=args.batch_size, limit=args.limit,
+                               probe_train_limit=args.limit, probe_test_limit=args.limit)
+    if args.asset is not None and PartialState().is_main_process:
+        print(f"asset: {write_asset(args.out, args.recipe, args.asset)}")
+    return report
 
 
 if __name__ == "__main__":

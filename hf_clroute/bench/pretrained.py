@@ -16,7 +16,10 @@ images like the benchmarks' but not their annotations.
 Public API
 ----------
 * :data:`RECIPES` -- recipe name -> :class:`Recipe` (description, the data used).
-* :func:`pretrained_vit_path` -- the cached checkpoint directory, built on first use.
+* :func:`pretrained_vit_path` -- the cached checkpoint directory: installed from the
+  package's committed asset (``hf_clroute/assets/pretrained/<recipe>``, sha256-checked)
+  when there is one, else built on first use.
+* :func:`write_asset` -- turn a built checkpoint into such an asset (``training/pretrain_vit.py --asset``).
 * :func:`frozen_probe_report` -- nearest-class-mean and linear-probe accuracy of a
   checkpoint's frozen features (the CLS token of ``ViTModel.last_hidden_state``)
   on a dataset, to say how good a backbone is for a stream.
@@ -25,7 +28,9 @@ Public API
 
 from __future__ import annotations
 
+import hashlib
 import json
+import lzma
 import os
 import shutil
 import tempfile
@@ -42,6 +47,8 @@ __all__ = [
     "RECIPES",
     "Recipe",
     "pretrained_vit_path",
+    "write_asset",
+    "asset_dir",
     "frozen_probe_report",
     "load_images",
     "extract_features",
@@ -50,6 +57,10 @@ __all__ = [
 ]
 
 REPORT_NAME = "pretrain_report.json"
+CHECKSUMS_NAME = "SHA256SUMS"  # `sha256sum -c SHA256SUMS` format, over the installed (decompressed) files
+ASSET_FILES = ("config.json", "preprocessor_config.json", "model.safetensors", REPORT_NAME, "README.md")
+# Only the weights are worth compressing; xz is lossless, so the installed file is byte-identical.
+COMPRESSED = {"model.safetensors": "model.safetensors.xz"}
 
 
 @dataclass(frozen=True)
@@ -117,22 +128,26 @@ def _is_complete(path: Path) -> bool:
     )
 
 
-def pretrained_vit_path(recipe: str, build: bool = True, **train_overrides: Any) -> str:
+def pretrained_vit_path(recipe: str, build: bool = True, use_asset: bool = True, **train_overrides: Any) -> str:
     """Directory of the cached stand-in backbone ``recipe`` (``cache_dir()/models/<recipe>``).
 
-    When it is missing and ``build`` is true, it is built by running the
-    training function of ``training/pretrain_vit.py`` in this process (a few
-    CPU minutes); the build writes into a temporary sibling directory that is
-    renamed into place only when complete, so an interrupted or concurrent
-    build never leaves a half-written checkpoint under the final name.
-    ``train_overrides`` (e.g. ``steps=20``) go to the training function; they
-    are meant for tests, which should also point ``HF_CLROUTE_CACHE`` elsewhere.
+    When it is missing, it is installed from the package's committed asset
+    (:func:`asset_dir`; every file's sha256 checked against its ``SHA256SUMS``,
+    a mismatch is an error), which takes a second instead of 20 CPU minutes.
+    The asset was built with the default recipe, so it is skipped when
+    ``train_overrides`` (e.g. ``steps=20``, for tests, which should also point
+    ``HF_CLROUTE_CACHE`` elsewhere) are given or ``use_asset`` is false; then, if
+    ``build`` is true, the training function of ``training/pretrain_vit.py`` runs
+    in this process. Either way the files are written into a temporary sibling
+    directory that is renamed into place only when complete, so an interrupted
+    or concurrent install never leaves a half-written checkpoint under the final name.
     """
     get_recipe(recipe)
     final = models_dir() / recipe
     if _is_complete(final):
         return str(final)
-    if not build:
+    asset = asset_dir(recipe) if use_asset and not train_overrides else None
+    if asset is None and not build:
         raise FileNotFoundError(
             f"pretrained ViT {recipe!r} is not built at {final}; call pretrained_vit_path({recipe!r}) "
             f"or run `python training/pretrain_vit.py --recipe {recipe} --out {final}`"
@@ -140,7 +155,10 @@ def pretrained_vit_path(recipe: str, build: bool = True, **train_overrides: Any)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{recipe}.building-", dir=final.parent))
     try:
-        _train_module().training_function(recipe, str(tmp), **train_overrides)
+        if asset is not None:
+            _install_asset(asset, tmp)
+        else:
+            _train_module().training_function(recipe, str(tmp), **train_overrides)
         if final.exists() and not _is_complete(final):
             shutil.rmtree(final)  # debris of an interrupted `--out` run, never a finished checkpoint
         try:
@@ -151,6 +169,94 @@ def pretrained_vit_path(recipe: str, build: bool = True, **train_overrides: Any)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return str(final)
+
+
+# --------------------------------------------------------------------------- committed assets
+
+
+def assets_root() -> Path:
+    """``hf_clroute/assets/pretrained``: shipped as package data, so an installed wheel has it."""
+    return Path(__file__).resolve().parents[1] / "assets" / "pretrained"
+
+
+def asset_dir(recipe: str) -> Path | None:
+    """The committed asset of ``recipe`` (a directory with ``SHA256SUMS``), or None when absent."""
+    path = assets_root() / get_recipe(recipe).name
+    return path if (path / CHECKSUMS_NAME).is_file() else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_checksums(path: Path) -> dict[str, str]:
+    sums = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            digest, name = line.split(maxsplit=1)
+            sums[name.lstrip("*")] = digest
+    return sums
+
+
+def _install_asset(asset: Path, out: Path) -> None:
+    """Copy (and decompress) ``asset`` into ``out``; every file must match ``SHA256SUMS``."""
+    sums = _read_checksums(asset / CHECKSUMS_NAME)
+    for name in ASSET_FILES:
+        stored = asset / COMPRESSED.get(name, name)
+        if name not in sums or not stored.is_file():
+            raise FileNotFoundError(f"pretrained-ViT asset {asset} is incomplete: it needs {stored.name} "
+                                    f"and its sha256 in {CHECKSUMS_NAME}")
+        expected = sums[name]
+        if name in COMPRESSED:
+            with lzma.open(stored) as src, open(out / name, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        else:
+            shutil.copyfile(stored, out / name)
+        actual = _sha256(out / name)
+        if actual != expected:
+            raise ValueError(
+                f"pretrained-ViT asset {asset}: {name} has sha256 {actual}, but {CHECKSUMS_NAME} says {expected}; "
+                f"the asset is damaged (reinstall the package) or edited (rebuild it with "
+                f"`python training/pretrain_vit.py --recipe {asset.name} --out <dir> --asset`)"
+            )
+    shutil.copyfile(asset / CHECKSUMS_NAME, out / CHECKSUMS_NAME)
+
+
+def write_asset(checkpoint: str | os.PathLike, recipe: str, root: str | os.PathLike | None = None) -> Path:
+    """Store the built checkpoint ``checkpoint`` as the committed asset of ``recipe``.
+
+    Writes ``<root>/<recipe>/`` (``root`` defaults to :func:`assets_root`): the
+    small files as they are, the weights xz-compressed, and ``SHA256SUMS`` of the
+    files as installed. Replaces an existing asset of that recipe atomically.
+    """
+    get_recipe(recipe)
+    checkpoint = Path(checkpoint)
+    missing = [name for name in ASSET_FILES if not (checkpoint / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"write_asset: {checkpoint} is not a built checkpoint (missing {', '.join(missing)})")
+    target = Path(root) / recipe if root is not None else assets_root() / recipe
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{recipe}.writing-", dir=target.parent))
+    try:
+        for name in ASSET_FILES:
+            if name in COMPRESSED:
+                with open(checkpoint / name, "rb") as src, lzma.open(tmp / COMPRESSED[name], "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+            else:
+                shutil.copyfile(checkpoint / name, tmp / name)
+        sums = "".join(f"{_sha256(checkpoint / name)}  {name}\n" for name in ASSET_FILES)
+        (tmp / CHECKSUMS_NAME).write_text(sums)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a package directory is readable by all
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
 
 
 def _train_module() -> Any:
