@@ -392,3 +392,48 @@ def test_build_head_kinds_and_state_checks() -> None:
         StreamingLDAHead(D).load_extra_state({"kind": "lda", "num_classes": 2, "shrinkage": 2.0})
     with pytest.raises(ValueError, match="unknown setting.*metric"):
         StreamingLDAHead(D).load_extra_state({"kind": "lda", "metric": "cosine"})
+
+
+def test_ranpac_gcv_scores_equal_the_hat_matrix_definition_and_choose_the_solve() -> None:
+    x, y = _data(60)
+    head = _fit(RandomProjectionRidgeHead(D, projection_dim=32, num_classes=K, lambda_mode="gcv"), x, y)
+    lambdas = [1e-3, 1e-1, 1.0, 10.0, 100.0, 1e4]
+    h, targets, n = (x @ head.projection).relu(), F.one_hot(y, K).double(), len(x)
+    eye = torch.eye(32, dtype=torch.float64)
+    expected = []
+    for lam in lambdas:  # GCV = n ||(I - A) Y||^2 / trace(I - A)^2, A the ridge hat matrix
+        hat = h @ torch.linalg.solve(h.T @ h + lam * eye, h.T)
+        expected.append(n * (targets - hat @ targets).square().sum() / (n - torch.trace(hat)) ** 2)
+    torch.testing.assert_close(head.gcv_scores(lambdas), torch.stack(expected), rtol=1e-8, atol=0)
+    # The solve used the grid's GCV minimum, interior to the grid, and equals a fixed head at that lambda.
+    from hf_clroute.heads.ranpac import GCV_GRID
+
+    grid = [c * head.mean_eigenvalue() for c in GCV_GRID]
+    scores = head.gcv_scores(grid)
+    assert head.solved_lambda == grid[int(scores.argmin())] and grid[0] < head.solved_lambda < grid[-1]
+    fixed = _fit(RandomProjectionRidgeHead(D, projection_dim=32, num_classes=K, ridge_lambda=head.solved_lambda), x, y)
+    torch.testing.assert_close(head(_probe()), fixed(_probe()), **TOL)
+    # Fewer examples than projected dimensions: a tiny lambda interpolates (df >= n), so GCV never picks it.
+    few = _fit(RandomProjectionRidgeHead(D, projection_dim=32, num_classes=K, lambda_mode="gcv"), x[:12], y[:12])
+    assert torch.isinf(few.gcv_scores([1e-9 * few.mean_eigenvalue()])).all()
+    assert torch.isfinite(few.gcv_scores([few.solved_lambda])).all()
+
+
+def test_ranpac_relative_lambda_is_in_units_of_the_mean_eigenvalue() -> None:
+    # ReLU(10 x W) = 10 ReLU(x W): G grows 100x and C 10x. A relative lambda grows with G, so the readout
+    # shrinks 10x and the logits are unchanged; a fixed lambda is 100x weaker on the scaled features.
+    x, y = _data()
+    xt = _probe()
+
+    def logits(mode: str, scale: float) -> torch.Tensor:
+        head = RandomProjectionRidgeHead(D, projection_dim=32, ridge_lambda=0.5, lambda_mode=mode, num_classes=K)
+        return _fit(head, scale * x, y)(scale * xt)
+
+    torch.testing.assert_close(logits("relative", 10.0), logits("relative", 1.0), **TOL)
+    assert not torch.allclose(logits("fixed", 10.0), logits("fixed", 1.0))
+    head = _fit(RandomProjectionRidgeHead(D, projection_dim=32, ridge_lambda=0.5, lambda_mode="relative",
+                                          num_classes=K), x, y)
+    trace = float(torch.diagonal(head.gram).sum())
+    assert head.solved_lambda == pytest.approx(0.5 * trace / 32)
+    with pytest.raises(ValueError, match="lambda_mode must be one of 'fixed', 'relative', 'gcv', got 'auto'"):
+        RandomProjectionRidgeHead(D, lambda_mode="auto")

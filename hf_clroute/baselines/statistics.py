@@ -92,7 +92,10 @@ class RanPACConfig(FrozenStatisticsConfig):
         default_factory=lambda: {"projection_dim": 2048, "ridge_lambda": 1.0, "nonlinearity": "relu"},
         metadata={
             "help": "RanPAC head options: 'projection_dim' M (the Gram matrix is M x M float64), 'ridge_lambda' "
-            "(> 0) and 'nonlinearity' ('relu' or 'none'). The projection's seed is head_init_seed."
+            "(> 0), 'nonlinearity' ('relu' or 'none') and 'lambda_mode': 'fixed' (lambda = ridge_lambda), "
+            "'relative' (lambda = ridge_lambda x trace(G) / M, the same grid on every backbone) or 'gcv' (chosen "
+            "at every solve by generalized cross-validation, RanPAC's own choice on training data). The "
+            "projection's seed is head_init_seed."
         },
     )
 

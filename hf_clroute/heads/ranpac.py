@@ -9,6 +9,10 @@ import torch
 from .base import FLOAT, StatisticsHead, check_choice, check_int, check_number
 
 NONLINEARITIES = ("relu", "none")
+LAMBDA_MODES = ("fixed", "relative", "gcv")
+#: GCV's candidates, relative to the mean eigenvalue trace(G) / M: 10^-8 .. 10^8 in half decades,
+#: wide enough that the chosen lambda is interior on any backbone (RanPAC searches 10^-8 .. 10^13).
+GCV_GRID = tuple(10.0 ** (e / 2) for e in range(-16, 17))
 
 
 class RandomProjectionRidgeHead(StatisticsHead):
@@ -24,6 +28,14 @@ class RandomProjectionRidgeHead(StatisticsHead):
     ``C = sum h y^T`` (M, K) with one-hot ``y``. Solution:
     ``readout = (G + lambda I)^-1 C`` (M, K); ``logits = h @ readout``.
     ``G`` costs ``M^2`` float64 values (RanPAC itself uses M = 10 000: 800 MB).
+
+    ``lambda_mode`` sets the lambda of each solve: ``"fixed"`` uses ``ridge_lambda``;
+    ``"relative"`` uses ``ridge_lambda * trace(G) / M`` (lambda in units of G's mean
+    eigenvalue, so one grid of ``ridge_lambda`` spans the same part of the spectrum on
+    every backbone and stream length); ``"gcv"`` chooses it at every solve by generalized
+    cross-validation from the statistics alone (:meth:`gcv_lambda`, over ``GCV_GRID``
+    times trace(G) / M): RanPAC's own closed-form choice of lambda on the training data,
+    with no validation split. ``solved_lambda`` is the lambda the last solve used.
     """
 
     kind = "ranpac"
@@ -37,6 +49,7 @@ class RandomProjectionRidgeHead(StatisticsHead):
         nonlinearity: str = "relu",
         seed: int = 0,
         num_classes: int = 0,
+        lambda_mode: str = "fixed",
     ) -> None:
         super().__init__(
             in_features,
@@ -45,15 +58,19 @@ class RandomProjectionRidgeHead(StatisticsHead):
             ridge_lambda=ridge_lambda,
             nonlinearity=nonlinearity,
             seed=seed,
+            lambda_mode=lambda_mode,
         )
+        self.solved_lambda: float | None = None  # the lambda of the last solve (set by sync)
 
     def _configure(
-        self, *, projection_dim: int, ridge_lambda: float, nonlinearity: str, seed: int
+        self, *, projection_dim: int, ridge_lambda: float, nonlinearity: str, seed: int,
+        lambda_mode: str = "fixed",
     ) -> None:
         self.projection_dim = check_int("projection_dim", projection_dim, minimum=1)
         self.ridge_lambda = _check_lambda("ridge_lambda", ridge_lambda)
         self.nonlinearity = check_choice("nonlinearity", nonlinearity, NONLINEARITIES)
         self.seed = check_int("seed", seed, minimum=0)
+        self.lambda_mode = check_choice("lambda_mode", lambda_mode, LAMBDA_MODES)
 
     def settings(self) -> dict:
         return {
@@ -61,6 +78,7 @@ class RandomProjectionRidgeHead(StatisticsHead):
             "ridge_lambda": self.ridge_lambda,
             "nonlinearity": self.nonlinearity,
             "seed": self.seed,
+            "lambda_mode": self.lambda_mode,
         }
 
     def _statistic_shapes(self, k: int) -> dict[str, tuple[int, ...]]:
@@ -87,9 +105,52 @@ class RandomProjectionRidgeHead(StatisticsHead):
         pending["class_sums"] += h.T @ onehot
 
     def _solve(self) -> None:
+        if self.lambda_mode == "fixed":
+            lam = self.ridge_lambda
+        elif self.lambda_mode == "relative":
+            lam = self.ridge_lambda * self.mean_eigenvalue()
+        else:
+            lam = self.gcv_lambda()
         eye = torch.eye(self.projection_dim, dtype=FLOAT, device=self.gram.device)
-        readout = torch.linalg.solve(self.gram + self.ridge_lambda * eye, self.class_sums)
+        readout = torch.linalg.solve(self.gram + lam * eye, self.class_sums)
         self.readout = readout.contiguous()
+        self.solved_lambda = lam
+
+    def mean_eigenvalue(self) -> float:
+        """trace(G) / M, G's mean eigenvalue: the natural unit of lambda (1.0 before any statistics)."""
+        scale = float(torch.diagonal(self.gram).sum()) / self.projection_dim
+        return scale if scale > 0 else 1.0
+
+    @torch.no_grad()
+    def gcv_scores(self, lambdas: Iterable[float]) -> torch.Tensor:
+        """Generalized cross-validation score of each lambda, from the synced statistics alone.
+
+        ``GCV(lambda) = n RSS / (n - df)^2`` with ``RSS = ||Y - H readout||^2`` and
+        ``df = trace(H (G + lambda I)^-1 H^T)``; with ``G = V diag(e) V^T`` and ``B = V^T C``
+        both are sums over the eigenvalues (``||Y||^2 = n`` for one-hot targets):
+        ``RSS = n - sum (2 / (e + lambda) - e / (e + lambda)^2) |B_i|^2``,
+        ``df = sum e / (e + lambda)``. GCV approximates leave-one-out squared error, so it
+        chooses lambda the way a held-out split would, without holding data out.
+        ``inf`` where ``df >= n`` (the fit interpolates).
+        """
+        lam = torch.tensor([_check_lambda("lambdas", v) for v in lambdas], dtype=FLOAT, device=self.gram.device)
+        n = float(self.counts.sum())
+        eigenvalues, vectors = torch.linalg.eigh(self.gram)
+        e = eigenvalues.clamp_min(0)[None, :]  # round-off can leave tiny negative eigenvalues
+        b2 = (vectors.T @ self.class_sums).square().sum(1)[None, :]
+        inverse = 1.0 / (e + lam[:, None])
+        rss = (n - ((2 * inverse - e * inverse.square()) * b2).sum(1)).clamp_min(0)
+        slack = n - (e * inverse).sum(1)
+        return torch.where(slack > 0, n * rss / slack.clamp_min(1e-300).square(), torch.inf)
+
+    @torch.no_grad()
+    def gcv_lambda(self) -> float:
+        """The lambda of ``GCV_GRID`` x trace(G) / M with the smallest GCV score (ties: the larger)."""
+        lambdas = [c * self.mean_eigenvalue() for c in GCV_GRID]
+        if not float(self.counts.sum()):
+            return lambdas[len(lambdas) // 2]  # no statistics: the readout is zero whatever lambda is
+        scores = self.gcv_scores(lambdas).tolist()
+        return min(zip(scores, lambdas), key=lambda pair: (pair[0], -pair[1]))[1]
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.project(x) @ self.readout

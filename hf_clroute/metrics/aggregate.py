@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -43,3 +44,67 @@ def aggregate_runs(runs: Iterable[Mapping[str, float | None]]) -> dict[str, dict
         for key, value in run.items():
             collected.setdefault(key, []).append(None if value is None else float(value))
     return {key: mean_std(vals) for key, vals in collected.items()}
+
+
+#: a paired verdict needs at least this many seeds; below it the verdict says "too few seeds".
+MIN_PAIRED_SEEDS = 5
+
+
+def paired_difference(a: Mapping[int, float], b: Mapping[int, float], alpha: float = 0.05,
+                      min_seeds: int = MIN_PAIRED_SEEDS) -> dict | None:
+    """Per-seed paired comparison of ``a`` and ``b`` (``{seed: value}``, e.g. A_T of a method and its control).
+
+    Both runs of a seed share its stream, so the difference is taken seed by seed over the seeds both
+    have: ``mean`` and ``std`` (sample) of ``a - b``, ``wins`` (seeds where ``a > b``) of ``n``, the paired
+    t statistic ``t = mean / (std / sqrt(n))`` and its two-sided ``p`` (Student t, n - 1 degrees of
+    freedom), and ``verdict``: "better" / "worse" when ``p < alpha`` with at least ``min_seeds`` seeds,
+    "tie" otherwise, "too few seeds" below ``min_seeds``. None when no seed is shared.
+    """
+    seeds = sorted(set(a) & set(b))
+    if not seeds:
+        return None
+    diff = np.array([a[s] - b[s] for s in seeds], dtype=np.float64)
+    n, mean = len(diff), float(diff.mean())
+    std = float(diff.std(ddof=1)) if n > 1 else 0.0
+    t = p = None
+    if n > 1 and std > 0:
+        t = mean / (std / math.sqrt(n))
+        p = t_two_sided_p(t, n - 1)
+    elif n > 1:  # every seed gives the same difference: certain unless it is zero
+        p = 1.0 if mean == 0 else 0.0
+    if n < min_seeds:
+        verdict = "too few seeds"
+    else:
+        verdict = ("better" if mean > 0 else "worse") if p is not None and p < alpha else "tie"
+    return {"seeds": seeds, "n": n, "mean": mean, "std": std, "wins": int((diff > 0).sum()),
+            "t": t, "p": p, "verdict": verdict}
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """P(|T| >= |t|) for Student's t with integer ``df`` degrees of freedom, exactly.
+
+    The closed form for integer degrees of freedom (a finite series in cos(theta), theta =
+    atan(|t| / sqrt(df))), so no special-function library is needed.
+    """
+    if df < 1 or int(df) != df:
+        raise ValueError(f"df must be a positive integer, got {df!r}")
+    theta = math.atan(abs(t) / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    # P(|T| < |t|) = sin(theta) * S (even df), or 2 / pi * (theta + sin(theta) cos(theta) S) (odd df), with
+    # S = 1 + (1/2) c2 + (1*3)/(2*4) c2^2 + ... (even), 1 + (2/3) c2 + (2*4)/(3*5) c2^2 + ... (odd), c2 = cos^2
+    term, total = 1.0, 1.0
+    for k in range(2 if df % 2 == 0 else 3, df, 2):
+        term *= c2 * (k - 1) / k
+        total += term
+    if df % 2 == 0:
+        inside = math.sin(theta) * total
+    else:
+        inside = 2 / math.pi * (theta + (math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0))
+    return float(min(1.0, max(0.0, 1.0 - inside)))
+
+
+def binomial_se(accuracy: float, n_test: int) -> float:
+    """Test-sampling standard error of an accuracy measured on ``n_test`` examples: sqrt(p (1 - p) / N)."""
+    if n_test < 1:
+        raise ValueError(f"n_test must be >= 1, got {n_test}")
+    return math.sqrt(max(accuracy * (1 - accuracy), 0.0) / n_test)
