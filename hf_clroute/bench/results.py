@@ -11,7 +11,7 @@ from ..io import atomic_write_text
 
 def write_run(out: Path, results: dict[str, Any], markdown: str) -> dict[str, Any]:
     """Write ``out/results.json`` and ``out/results.md`` atomically; ``results['kind']`` names the runner."""
-    if results.get("kind") not in ("classification", "charlm", "plasticity"):
+    if results.get("kind") not in ("classification", "charlm", "plasticity", "headroom"):
         raise ValueError(f"results must say which runner wrote them ('kind'), got {results.get('kind')!r}")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")

@@ -3,7 +3,9 @@
 * ``classification`` (the default): every method side by side on a class-incremental
   stream (``hf_clroute.bench.classification``);
 * ``charlm``: APN vs dense FFN over text domains on a character-level GPT-2 (``lm``);
-* ``plasticity``: QOA vs backprop over hundreds of small tasks (``plasticity``).
+* ``plasticity``: QOA vs backprop over hundreds of small tasks (``plasticity``);
+* ``headroom``: each adapter trained on a classification suite's tasks joined into one, then
+  the same readouts on its features and on the frozen backbone's (``headroom``).
 
 Each runner module has the same shape: ``run(name_or_path, *, methods, seeds, quick, out, ...)``
 writes ``out/results.json`` (with ``"kind"``) and ``out/results.md``; ``merge(run_dirs, out, drop)``
@@ -18,7 +20,7 @@ from types import ModuleType
 
 from .suites import read_suite_file
 
-KINDS = ("classification", "charlm", "plasticity")
+KINDS = ("classification", "charlm", "plasticity", "headroom")
 
 
 def runner_module(kind: str) -> ModuleType:
@@ -29,6 +31,8 @@ def runner_module(kind: str) -> ModuleType:
         from . import lm as module
     elif kind == "plasticity":
         from . import plasticity as module
+    elif kind == "headroom":
+        from . import headroom as module
     else:
         raise ValueError(f"unknown suite runner {kind!r}; known runners: {list(KINDS)}")
     return module

@@ -1,0 +1,336 @@
+"""The headroom test: can an adapter improve these backbones' features at all?
+
+For one classification suite and seed, the union of every task's training data (the
+suite's own stream for that seed, its validation split carved as for ``hf-clroute
+tune``) is ONE joint task. Each adapter trains on it offline with a linear head, on the
+engine (:class:`~hf_clroute.engine.ContinualTrainer` over a one-experience stream), its
+epochs and learning rate chosen on the validation split from one grid shared by every
+adapter; then it is frozen, and the same readouts are fitted on its features and on the
+frozen backbone's features (computed once per seed), every feature pass in eval mode:
+
+* ``slda``: streaming LDA (``heads.lda``), shrinkage chosen on validation;
+* ``ranpac``: RanPAC's random projection + ridge (``heads.ranpac``), lambda chosen on validation;
+* ``probe``: multinomial logistic regression run to convergence (L-BFGS, fixed L2).
+
+Each readout is fitted on the training data and scored on the suite's test split. The
+paired gain (adapted minus frozen, same seed, same readout) bounds what any continual
+protocol could gain from the adapter on this suite: the adapter saw every class at once.
+
+A headroom suite file names the classification suite, the adapters (method settings
+files, or ``adapter_settings`` entries: a method, config fields, and
+``last_block_only`` for fine-tuning the last transformer block only) and the grids.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from datasets import concatenate_datasets
+
+from ..backbones import get_blocks
+from ..data.collate import decode_stream_if_small
+from ..data.streams import Experience, validation_stream
+from ..engine import ContinualTrainer, make_accelerator
+from ..heads import RandomProjectionRidgeHead, StreamingLDAHead
+from ..methods.base import freeze_all_but
+from ..metrics import mean_std
+from ..model import CLModel, get_cl_model
+from .feature_cache import FeatureCollator, cache_stream_features
+from .pretrained import linear_probe_accuracy
+from .probes import model_features
+from .results import markdown_table, write_run
+from .settings import resolve_run
+from .suites import SuiteConfig, build_stream, load_suite, load_suite_backbone, merge_seed_runs
+
+READOUTS = ("slda", "ranpac", "probe")
+
+
+@dataclass
+class HeadroomSuite:
+    """A headroom suite file's fields (``configs/suites/headroom-<suite>.json``)."""
+
+    name: str = field(metadata={"help": "Study name, used in results."})
+    runner: str = field(metadata={"help": "This runner: 'headroom'."})
+    suite: str = field(metadata={"help": "The classification suite whose stream (all tasks joined) is studied."})
+    adapters: list[str] = field(metadata={"help": "Adapters run by default: method settings names or keys of adapter_settings."})
+    adapter_settings: dict[str, dict[str, Any]] = field(
+        default_factory=dict,
+        metadata={"help": "Adapter name -> {'method': settings file or registered method, 'config': adapter config "
+                          "fields on top of the method's, 'last_block_only': train only the last block (and the head)}."},
+    )
+    epochs: list[int] = field(default_factory=lambda: [1, 3, 5],
+                              metadata={"help": "Epoch grid over the joint task (same for every adapter)."})
+    learning_rates: list[float] = field(default_factory=lambda: [1e-4, 1e-3, 1e-2],
+                                        metadata={"help": "Learning-rate grid (same for every adapter)."})
+    slda_shrinkage: list[float] = field(default_factory=lambda: [1e-4, 1e-2, 0.1, 0.5],
+                                        metadata={"help": "Streaming-LDA shrinkages, one chosen on validation."})
+    ranpac_lambdas: list[float] = field(default_factory=lambda: [0.01, 0.1, 1.0, 10.0, 100.0, 1000.0],
+                                        metadata={"help": "RanPAC ridge lambdas, one chosen on validation."})
+    ranpac_projection_dim: int = field(default=2048, metadata={"help": "RanPAC's random projection width M."})
+    probe_weight_decay: float = field(default=1e-4, metadata={"help": "L2 penalty of the logistic probe."})
+    quick: dict[str, Any] = field(default_factory=dict, metadata={"help": "Overrides of the fields above for --quick."})
+    description: str = field(default="", metadata={"help": "What the study measures."})
+
+    def __post_init__(self) -> None:
+        if self.runner != "headroom":
+            raise ValueError(f"suite {self.name!r} has runner {self.runner!r}; HeadroomSuite is for runner 'headroom'")
+        if not self.adapters:
+            raise ValueError(f"suite {self.name!r}: HeadroomSuite.adapters is empty")
+        for name in ("epochs", "learning_rates", "slda_shrinkage", "ranpac_lambdas"):
+            values = getattr(self, name)
+            if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in values):
+                raise ValueError(f"suite {self.name!r}: HeadroomSuite.{name} must be a non-empty list of positive "
+                                 f"numbers, got {values!r}")
+        if any(not isinstance(e, int) for e in self.epochs):
+            raise ValueError(f"suite {self.name!r}: HeadroomSuite.epochs must be integers, got {self.epochs!r}")
+        unknown = sorted(set(self.adapter_settings) - set(self.adapters))
+        if unknown:  # a typo there would silently run the method file of the same name instead
+            raise ValueError(f"suite {self.name!r}: adapter_settings names {unknown}, which are not in adapters")
+        for adapter, spec in self.adapter_settings.items():
+            bad = sorted(set(spec) - {"method", "config", "last_block_only"})
+            if bad:
+                raise ValueError(f"suite {self.name!r}: adapter_settings.{adapter} has unknown key(s) {bad}; "
+                                 "known: method, config, last_block_only")
+
+    @classmethod
+    def load(cls, name_or_path: str, quick: bool = False) -> "HeadroomSuite":
+        return load_suite(cls, name_or_path, quick)
+
+    def adapter(self, name: str) -> dict[str, Any]:
+        """``{"method", "config", "last_block_only"}`` of adapter ``name``."""
+        spec = self.adapter_settings.get(name, {})
+        return {"method": spec.get("method", name), "config": dict(spec.get("config", {})),
+                "last_block_only": bool(spec.get("last_block_only", False))}
+
+
+# ------------------------------------------------------------------ data
+
+
+def joint_experience(stream: list[Experience], seed: int) -> Experience:
+    """Every task of ``stream`` as one experience: training data shuffled together (seeded),
+    test and validation splits joined; labels keep the stream's incremental ids."""
+    train = concatenate_datasets([e.train for e in stream]).shuffle(seed=seed).flatten_indices()
+    validation = None
+    if all(e.validation is not None for e in stream):
+        validation = concatenate_datasets([e.validation for e in stream])
+    name = stream[0].name.rsplit("/", 1)[0] if "/" in stream[0].name else stream[0].name
+    info = {k: v for k, v in stream[0].info.items() if k not in ("class_names", "original_classes")}
+    for key in ("class_names", "original_classes"):  # per-class lists, aligned with ``classes``
+        if all(key in e.info for e in stream):
+            info[key] = [v for e in stream for v in e.info[key]]
+    return Experience(0, f"{name}/joint", [c for e in stream for c in e.classes], train,
+                      concatenate_datasets([e.test for e in stream]), info=info, validation=validation)
+
+
+@torch.no_grad()
+def feature_splits(model: CLModel, experience: Experience, collator: Callable) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(features, labels) of the train, validation and test splits as ``model``'s classifier reads
+    them, every pass in eval mode (``model_features`` switches the whole model, backbone included)."""
+    return {split: model_features(model, data, collator) for split, data in experience.splits().items()}
+
+
+def cached_splits(experience: Experience) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The same, read from an experience of cached frozen features (``feature_cache``)."""
+    return {split: (torch.as_tensor(np.asarray(data["features"])).float(), torch.as_tensor(np.asarray(data["label"])).long())
+            for split, data in experience.splits().items()}
+
+
+# ------------------------------------------------------------------ readouts
+
+
+def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
+    return (logits.argmax(1) == labels).double().mean().item()
+
+
+def slda_readout(splits: dict, shrinkages: list[float]) -> dict[str, Any]:
+    """Streaming LDA fitted on train, shrinkage chosen on validation, scored on test."""
+    (x, y), num_classes = splits["train"], int(splits["train"][1].max()) + 1
+    best = None
+    for shrinkage in shrinkages:
+        head = StreamingLDAHead(x.shape[1], shrinkage=shrinkage, num_classes=num_classes)
+        head.accumulate(x, y)
+        head.sync()
+        score = _accuracy(head(splits["validation"][0].double()), splits["validation"][1])
+        if best is None or score > best[0]:
+            best = (score, shrinkage, head)
+    score, shrinkage, head = best
+    return {"test": _accuracy(head(splits["test"][0].double()), splits["test"][1]), "validation": score,
+            "pick": {"shrinkage": shrinkage}}
+
+
+def ranpac_readout(splits: dict, lambdas: list[float], projection_dim: int, seed: int) -> dict[str, Any]:
+    """RanPAC's projection + ridge fitted on train, lambda chosen on validation, scored on test."""
+    (x, y), num_classes = splits["train"], int(splits["train"][1].max()) + 1
+    head = RandomProjectionRidgeHead(x.shape[1], projection_dim=projection_dim, seed=seed, num_classes=num_classes)
+    head.accumulate(x, y)
+    head.sync()
+    picked = head.select_lambda(*splits["validation"], lambdas)
+    return {"test": _accuracy(head(splits["test"][0].double()), splits["test"][1]),
+            "validation": _accuracy(head(splits["validation"][0].double()), splits["validation"][1]),
+            "pick": {"ridge_lambda": picked}}
+
+
+def readouts(suite: HeadroomSuite, splits: dict, seed: int) -> dict[str, dict[str, Any]]:
+    """Every readout's test accuracy (and validation pick) on one set of features."""
+    return {
+        "slda": slda_readout(splits, suite.slda_shrinkage),
+        "ranpac": ranpac_readout(splits, suite.ranpac_lambdas, suite.ranpac_projection_dim, seed),
+        "probe": {"test": linear_probe_accuracy(*splits["train"], *splits["test"], weight_decay=suite.probe_weight_decay)},
+    }
+
+
+# ------------------------------------------------------------------ adapters
+
+
+def build_adapter(headroom: HeadroomSuite, suite: SuiteConfig, name: str, seed: int, learning_rate: float,
+                  epochs: int) -> tuple[CLModel, Any]:
+    """A fresh adapter ``name`` on a freshly loaded backbone, and its training config."""
+    spec = headroom.adapter(name)
+    overrides = {"learning_rate": learning_rate, "epochs": epochs, "evals_per_task": epochs, "eval_every": 0}
+    settings = resolve_run(suite, spec["method"], seed, overrides, spec["config"])
+    backbone, _ = load_suite_backbone(suite)
+    settings.adapter_config.base_model_name_or_path = suite.backbone
+    model = get_cl_model(backbone, settings.adapter_config)
+    if spec["last_block_only"]:
+        if settings.adapter_config.freeze_backbone:
+            raise ValueError(f"adapter {name!r}: last_block_only needs a method that trains the backbone "
+                             f"({spec['method']!r} freezes it)")
+        freeze_all_but(model.backbone, [get_blocks(model.backbone)[-1]])
+    return model, settings.training
+
+
+def adapt(headroom: HeadroomSuite, suite: SuiteConfig, name: str, seed: int, joint: Experience, collator: Callable,
+          progress: bool = False) -> tuple[CLModel, dict[str, Any]]:
+    """Train adapter ``name`` with a linear head on the joint task over the (learning rate x epochs)
+    grid, pick the point with the best validation accuracy, and return that model frozen.
+
+    One run per learning rate trains for the largest epoch count and is scored on validation
+    after every epoch (the engine's anytime evaluations, ``evals_per_task = epochs``); a pick
+    with fewer epochs is trained again for exactly that many (same seed, same data order)."""
+    scoring = validation_stream([joint])
+    longest = max(headroom.epochs)
+    grid, trained = [], {}
+    for lr in headroom.learning_rates:
+        model, training = build_adapter(headroom, suite, name, seed, lr, longest)
+        result = ContinualTrainer(model, scoring, dataclasses.replace(training, progress=progress), collator,
+                                  make_accelerator(training), run_info={"suite": suite.name, "headroom": name}).fit()
+        after_epoch = [accuracy for _, accuracy in result.anytime]  # entry e-1: after epoch e
+        if len(after_epoch) != longest:
+            raise ValueError(f"adapter {name!r}: {len(after_epoch)} validation scores for {longest} epochs; the "
+                             "joint task needs at least one training batch per epoch")
+        grid += [{"learning_rate": lr, "epochs": e, "validation": after_epoch[e - 1]} for e in headroom.epochs]
+        trained[lr] = model
+    pick = max(grid, key=lambda point: point["validation"])  # ties: the first in grid order
+    model = trained[pick["learning_rate"]]
+    if pick["epochs"] != longest:
+        model, training = build_adapter(headroom, suite, name, seed, pick["learning_rate"], pick["epochs"])
+        ContinualTrainer(model, scoring, dataclasses.replace(training, progress=progress), collator,
+                         make_accelerator(training), run_info={"suite": suite.name, "headroom": name}).fit()
+    model.requires_grad_(False)  # the adapter is a fixed feature extractor from here on
+    model.eval()
+    record = {"grid": grid, "pick": {k: pick[k] for k in ("learning_rate", "epochs")},
+              "validation": pick["validation"], "trainable_params": int(model.parameter_counts()["trainable_params"])}
+    return model, record
+
+
+def run_adapter(headroom: HeadroomSuite, suite: SuiteConfig, name: str, seed: int, joint: Experience,
+                cached: Experience, collator: Callable, frozen: dict, progress: bool = False) -> dict[str, Any]:
+    """One (adapter, seed) row: the grid, the pick, and every readout on adapted vs frozen features."""
+    started = time.perf_counter()
+    # MaRS's memory reads only the frozen pooled features: it trains and is read on the cached ones.
+    on_cache = build_adapter(headroom, suite, name, seed, headroom.learning_rates[0], 1)[0].reads_frozen_features()
+    experience, batches = (cached, FeatureCollator()) if on_cache else (joint, collator)
+    model, record = adapt(headroom, suite, name, seed, experience, batches, progress)
+    splits = feature_splits(model, experience, batches)
+    own_head = _accuracy(model.head(splits["test"][0]), splits["test"][1]) if model.head is not None else None
+    adapted = readouts(headroom, splits, seed)
+    rows = {r: {"frozen": frozen[r]["test"], "adapted": adapted[r]["test"],
+                "gain": adapted[r]["test"] - frozen[r]["test"], "pick": adapted[r].get("pick"),
+                "frozen_pick": frozen[r].get("pick")} for r in READOUTS}
+    return {"seed": seed, **record, "features_cached": on_cache,
+            "own_head_test": own_head, "readouts": rows, "wall_s": time.perf_counter() - started}
+
+
+# ------------------------------------------------------------------ runner
+
+
+def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick: bool, out: str | Path,
+        progress: bool = False) -> dict:
+    """``hf-clroute bench --suite headroom-<suite>``: writes ``out/results.json`` and ``out/results.md``."""
+    headroom = HeadroomSuite.load(name_or_path, quick=quick)
+    suite = SuiteConfig.load(headroom.suite, quick=quick)
+    if not suite.validation_per_class:
+        raise ValueError(f"suite {headroom.name!r}: classification suite {suite.name!r} has no validation split "
+                         "(validation_per_class), on which the adapters' epochs and rates are chosen")
+    adapters = list(methods or headroom.adapters)
+    for name in adapters:  # every adapter resolves before anything trains
+        resolve_run(suite, headroom.adapter(name)["method"], seeds[0], config_overrides=headroom.adapter(name)["config"])
+    runs: dict[str, list[dict]] = {a: [] for a in adapters}
+    frozen_rows = []
+    for seed in seeds:
+        started = time.perf_counter()
+        backbone, collator = load_suite_backbone(suite)
+        joint = decode_stream_if_small([joint_experience(build_stream(suite, seed), seed)], collator)[0]
+        cached = cache_stream_features(backbone, [joint], collator)[0][0]  # frozen features, once per seed
+        frozen = readouts(headroom, cached_splits(cached), seed)
+        frozen_rows.append({"seed": seed, **{r: frozen[r] for r in READOUTS}, "wall_s": time.perf_counter() - started})
+        print(f"[{headroom.name}] seed {seed} frozen: " + ", ".join(f"{r} {frozen[r]['test']:.3f}" for r in READOUTS),
+              flush=True)
+        for name in adapters:
+            row = run_adapter(headroom, suite, name, seed, joint, cached, collator, frozen, progress)
+            runs[name].append(row)
+            print(f"[{headroom.name}] seed {seed} {name} (lr {row['pick']['learning_rate']:g}, {row['pick']['epochs']} "
+                  "ep): " + ", ".join(f"{r} {row['readouts'][r]['adapted']:.3f} ({row['readouts'][r]['gain']:+.3f})"
+                                      for r in READOUTS) + f" ({row['wall_s']:.0f}s)", flush=True)
+    config = {k: v for k, v in dataclasses.asdict(headroom).items() if k != "quick"}
+    config["classification_suite"] = {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"}
+    header = {"suite": headroom.name, "seeds": seeds, "quick": quick, "config": config, "frozen": frozen_rows}
+    return write_results(header, runs, Path(out))
+
+
+def aggregate_adapter(rows: list[dict]) -> dict[str, Any]:
+    rows = sorted(rows, key=lambda r: r["seed"])
+    summary = {r: {k: mean_std([row["readouts"][r][k] for row in rows]) for k in ("frozen", "adapted", "gain")}
+               for r in READOUTS}
+    return {"readouts": summary, "own_head_test": mean_std([r["own_head_test"] for r in rows]),
+            "wall_s": mean_std([r["wall_s"] for r in rows]), "per_seed": rows}
+
+
+def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
+    """Aggregate per-seed rows into ``out/results.json`` and ``out/results.md``."""
+    results = {**header, "kind": "headroom", "methods": {a: aggregate_adapter(r) for a, r in runs.items()}}
+    return write_run(out, results, results_markdown(results))
+
+
+def _pct(stat: dict[str, float] | None, sign: str = "") -> str:
+    return "—" if not stat else f"{stat['mean'] * 100:{sign}.1f} ± {stat['std'] * 100:.1f}"
+
+
+def results_markdown(results: dict) -> str:
+    seeds = ", ".join(map(str, results["seeds"]))
+    lines = [f"# {results['suite']} (seeds {seeds})", "",
+             f"Each adapter trained offline with a linear head on all of {results['config']['suite']}'s training "
+             "classes at once (epochs and learning rate chosen on validation), then frozen; the same readouts "
+             "fitted on its features and on the frozen backbone's. Test accuracy in %, mean ± std over seeds; "
+             "gain = adapted − frozen, paired by seed (per-seed gains in the last column).", ""]
+    rows = []
+    for name, m in results["methods"].items():
+        picks = ", ".join(f"{r['pick']['learning_rate']:g}/{r['pick']['epochs']}" for r in m["per_seed"])
+        for readout in READOUTS:
+            s = m["readouts"][readout]
+            gains = ", ".join(f"{r['readouts'][readout]['gain'] * 100:+.1f}" for r in m["per_seed"])
+            rows.append([name, readout, _pct(s["frozen"]), _pct(s["adapted"]), _pct(s["gain"], "+"), gains,
+                         _pct(m["own_head_test"]), picks])
+    header = ["adapter", "readout", "frozen", "adapted", "gain", "gain per seed", "own linear head", "pick (lr/epochs)"]
+    return "\n".join(lines) + "\n" + markdown_table(header, rows)
+
+
+def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
+    """Join headroom runs of one study (e.g. one per seed) and re-aggregate them."""
+    return merge_seed_runs(run_dirs, out, write_results, drop)

@@ -1,0 +1,105 @@
+"""The headroom study runner: adapters trained on all tasks joined, readouts on adapted vs frozen features."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hf_clroute.backbones import get_blocks
+from hf_clroute.bench.headroom import (
+    READOUTS,
+    HeadroomSuite,
+    adapt,
+    build_adapter,
+    feature_splits,
+    joint_experience,
+)
+from hf_clroute.bench.suites import SuiteConfig, build_stream, load_suite_backbone
+from hf_clroute.cli import main
+
+
+@pytest.fixture(scope="module")
+def headroom_file(tiny_suite, tmp_path_factory):
+    """A headroom study over the tiny MNIST suite (with a validation split): two adapters, tiny grids."""
+    root = tmp_path_factory.mktemp("headroom")
+    suite = root / "tiny-val.json"
+    suite.write_text(json.dumps({"base": str(tiny_suite), "name": "tiny-mnist-val", "validation_per_class": 4}))
+    study = {
+        "name": "headroom-tiny", "runner": "headroom", "suite": str(suite),
+        "adapters": ["rwf-identity-cosine", "lastblock"],
+        "adapter_settings": {"rwf-identity-cosine": {"method": "rwf", "config": {"value_init": "identity"}},
+                             "lastblock": {"method": "finetune", "last_block_only": True}},
+        "epochs": [1, 2], "learning_rates": [0.001], "ranpac_projection_dim": 64,
+    }
+    path = root / "headroom-tiny.json"
+    path.write_text(json.dumps(study))
+    return path
+
+
+def test_runner_writes_every_adapter_and_readout_against_the_same_frozen_features(headroom_file, tmp_path):
+    out = tmp_path / "run"
+    assert main(["bench", "--suite", str(headroom_file), "--seeds", "0", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["kind"] == "headroom" and results["commands"][0].startswith("hf-clroute bench --suite")
+    assert set(results["methods"]) == {"rwf-identity-cosine", "lastblock"}
+    rows = [m["per_seed"][0] for m in results["methods"].values()]
+    for readout in READOUTS:
+        # One frozen feature set per seed: every adapter is compared with the same frozen readout.
+        assert rows[0]["readouts"][readout]["frozen"] == rows[1]["readouts"][readout]["frozen"]
+        assert rows[0]["readouts"][readout]["frozen"] == results["frozen"][0][readout]["test"]
+        for row in rows:
+            r = row["readouts"][readout]
+            assert r["gain"] == pytest.approx(r["adapted"] - r["frozen"])
+    for row in rows:
+        assert len(row["grid"]) == 2 and row["pick"]["epochs"] in (1, 2)
+    table = (out / "results.md").read_text()
+    lines = [line for line in table.splitlines() if line.startswith("| ") and "adapter" not in line]
+    assert len(lines) == 2 * len(READOUTS)
+    assert {line.split("|")[2].strip() for line in lines} == set(READOUTS)
+
+
+def test_adapted_module_is_frozen_and_last_block_only_trains_the_last_block(headroom_file):
+    headroom = HeadroomSuite.load(str(headroom_file))
+    suite = SuiteConfig.load(headroom.suite)
+    model, _ = build_adapter(headroom, suite, "lastblock", 0, 1e-3, 1)
+    last = {id(p) for p in get_blocks(model.backbone)[-1].parameters()}
+    trained = {id(p) for p in model.backbone.parameters() if p.requires_grad}
+    assert trained == last
+    _, collator = load_suite_backbone(suite)
+    joint = joint_experience(build_stream(suite, 0), 0)
+    trained, record = adapt(headroom, suite, "rwf-identity-cosine", 0, joint, collator)
+    assert record["pick"] == {"learning_rate": 1e-3, "epochs": record["pick"]["epochs"]}
+    assert not any(p.requires_grad for p in trained.parameters()) and not trained.training
+    assert len(joint.train) == sum(len(e.train) for e in build_stream(suite, 0))
+
+
+def test_feature_passes_run_the_backbone_in_eval_mode(headroom_file, tmp_path):
+    from transformers import ViTModel
+
+    from hf_clroute.backbones import tiny_vit_config
+    from hf_clroute.baselines import FinetuneConfig
+    from hf_clroute.model import get_cl_model
+
+    headroom = HeadroomSuite.load(str(headroom_file))
+    suite = SuiteConfig.load(headroom.suite)
+    _, collator = load_suite_backbone(suite)
+    torch.manual_seed(0)
+    backbone = ViTModel(tiny_vit_config(hidden_dropout_prob=0.5, attention_probs_dropout_prob=0.5))
+    model = get_cl_model(backbone, FinetuneConfig(freeze_backbone=True)).train()
+    joint = joint_experience(build_stream(suite, 0), 0)
+    batch = collator([joint.test[i] for i in range(4)])
+    noisy = [model(pixel_values=batch["pixel_values"]).features for _ in range(2)]
+    assert not torch.equal(*noisy)  # dropout is live in train mode ...
+    first, second = feature_splits(model, joint, collator), feature_splits(model, joint, collator)
+    for split in ("train", "validation", "test"):
+        assert torch.equal(first[split][0], second[split][0])  # ... and off in every feature pass
+
+
+def test_bad_headroom_suite_is_refused_before_training(tmp_path):
+    with pytest.raises(ValueError, match="adapter_settings names"):
+        HeadroomSuite(name="x", runner="headroom", suite="split-mnist", adapters=["lora"],
+                      adapter_settings={"lroa": {"method": "lora"}})
+    with pytest.raises(ValueError, match="learning_rates"):
+        HeadroomSuite(name="x", runner="headroom", suite="split-mnist", adapters=["lora"], learning_rates=[])
