@@ -1,14 +1,30 @@
 """Checkpoints a stopped run resumes from, ending with the same accuracy matrix.
 
 ``<dir>/ckpt-<step>/`` holds Accelerate's ``save_state`` (optimizer, RNG), the
-adapter and a small JSON of loop state; ``<dir>/latest`` names the newest. A
-checkpoint is written to a temporary name and renamed, so ``latest`` always
-points at a complete one; older ones beyond ``keep`` are deleted.
+adapter and a small JSON of loop state; ``<dir>/latest`` names the newest.
+
+No kill at any moment loses the last complete checkpoint:
+
+* a checkpoint is written under a temporary name and renamed into place whole,
+  so a ``ckpt-*`` directory is always complete;
+* a checkpoint never replaces one of the same name: a second one at the same step
+  (the task-end checkpoint after a ``checkpoint_every`` one) gets the next free
+  name (``ckpt-<step>.1``...); ``latest`` moves to it, and only then is the old one
+  removed;
+* a checkpoint is removed by renaming it out of the ``ckpt-*`` names first, so a
+  half-deleted directory never looks like a checkpoint.
+
+``find_checkpoint`` on a root whose ``latest`` names nothing complete (a run killed
+by an older version of this code, a directory removed by hand) resumes from the
+newest complete checkpoint and says which.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,16 +38,56 @@ if TYPE_CHECKING:  # pragma: no cover
 
 STATE_NAME = "trainer_state.json"
 LATEST = "latest"
+_NAME = re.compile(r"ckpt-(\d+)(?:\.(\d+))?")
+_logger = logging.getLogger(__name__)
+
+
+def _replace(src: Path, dst: Path) -> None:
+    """Rename ``src`` to ``dst`` in one step (the filesystem operations are named so a test can
+    interrupt a checkpoint between any two of them)."""
+    os.replace(src, dst)
+
+
+def _remove_tree(path: Path) -> None:
+    shutil.rmtree(path)
+
+
+def checkpoint_key(path: Path) -> tuple[int, int] | None:
+    """(step, revision) of a ``ckpt-<step>[.<revision>]`` name, the order checkpoints were written in;
+    None for any other name."""
+    match = _NAME.fullmatch(path.name)
+    return (int(match.group(1)), int(match.group(2) or 0)) if match else None
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """The checkpoint directories under ``root``, oldest first."""
+    found = [p for p in root.glob("ckpt-*") if p.is_dir() and checkpoint_key(p) is not None]
+    return sorted(found, key=checkpoint_key)
+
+
+def is_complete(path: Path) -> bool:
+    """Whether ``path`` holds everything a resume reads: loop state, adapter and Accelerate state."""
+    return ((path / STATE_NAME).is_file() and (path / "adapter" / "adapter_config.json").is_file()
+            and (path / "accelerate").is_dir())
+
+
+def _free_name(root: Path, step: int) -> Path:
+    """``ckpt-<step>``, or the next revision after the newest checkpoint already at that step."""
+    revisions = [checkpoint_key(p)[1] for p in list_checkpoints(root) if checkpoint_key(p)[0] == step]
+    name = f"ckpt-{step:08d}" + (f".{max(revisions) + 1}" if revisions else "")
+    return root / name
 
 
 def save_checkpoint(root: Path, step: int, accelerator: "Accelerator", model: "CLModel", state: dict[str, Any],
                     keep: int = 0) -> Path:
-    """Write ``ckpt-<step>`` (every process takes part) and point ``latest`` at it."""
-    final = root / f"ckpt-{step:08d}"
-    tmp = root / f".tmp-{final.name}"
+    """Write a checkpoint at ``step`` (every process takes part) and point ``latest`` at it."""
+    root = Path(root)
+    # Every process names it before any is renamed (all see the same directory).
+    final = _free_name(root, step)
+    tmp = root / f".tmp-ckpt-{step:08d}"
     if accelerator.is_main_process:
         if tmp.exists():
-            shutil.rmtree(tmp)
+            _remove_tree(tmp)
         # Every process writes its RNG state into this directory: it must exist
         # before the barrier, or a fast rank races the main process creating it.
         (tmp / "accelerate").mkdir(parents=True)
@@ -42,34 +98,65 @@ def save_checkpoint(root: Path, step: int, accelerator: "Accelerator", model: "C
     if accelerator.is_main_process:
         model.save_pretrained(tmp / "adapter")
         atomic_write_text(tmp / STATE_NAME, json.dumps(state, sort_keys=True))
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
+        _replace(tmp, final)
         atomic_write_text(root / LATEST, final.name + "\n")
+        # Only now that ``latest`` names the new one: the older ones at this step go.
+        for older in list_checkpoints(root):
+            if checkpoint_key(older)[0] == step and older != final:
+                remove_checkpoint(older)
         if keep:
             prune_checkpoints(root, keep)
     accelerator.wait_for_everyone()
     return final
 
 
+def remove_checkpoint(path: Path) -> None:
+    """Delete a checkpoint: renamed out of the ``ckpt-*`` names first, so a kill mid-delete leaves
+    no partial directory that looks like a checkpoint (the leftover goes at the next prune)."""
+    trash = path.with_name(f".trash-{path.name}")
+    if trash.exists():
+        _remove_tree(trash)
+    _replace(path, trash)
+    _remove_tree(trash)
+
+
 def prune_checkpoints(root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` checkpoints (never the one ``latest`` names)."""
+    """Delete all but the newest ``keep`` checkpoints (never the one ``latest`` names), and what a
+    kill left half-deleted."""
     latest = (root / LATEST).read_text().strip() if (root / LATEST).is_file() else None
-    checkpoints = sorted(p for p in root.glob("ckpt-*") if p.is_dir())
-    removed = [p for p in checkpoints[:-keep] if p.name != latest]
+    removed = [p for p in list_checkpoints(root)[:-keep] if p.name != latest]
     for path in removed:
-        shutil.rmtree(path)
+        remove_checkpoint(path)
+    for leftover in root.glob(".trash-ckpt-*"):
+        _remove_tree(leftover)
     return removed
 
 
 def find_checkpoint(resume_from: str | Path) -> Path:
-    """A checkpoint directory, or the one a checkpoint root's ``latest`` names."""
+    """A checkpoint directory, or the one a checkpoint root's ``latest`` names.
+
+    When ``latest`` is missing or names a directory that is gone or incomplete, the newest
+    complete checkpoint under the root is used, with a warning naming it.
+    """
     path = Path(resume_from)
-    if path.is_dir() and (path / LATEST).is_file():
-        path = path / (path / LATEST).read_text().strip()
-    if not (path / STATE_NAME).is_file():
+    if (path / STATE_NAME).is_file():
+        return path
+    candidates = list_checkpoints(path) if path.is_dir() else []
+    if not (path / LATEST).is_file() and not candidates:
         raise FileNotFoundError(f"no checkpoint at {resume_from} (expected {STATE_NAME} or a '{LATEST}' pointer)")
-    return path
+    named = (path / LATEST).read_text().strip() if (path / LATEST).is_file() else None
+    if named and is_complete(path / named):
+        return path / named
+    complete = [p for p in candidates if is_complete(p)]
+    if not complete:
+        raise FileNotFoundError(
+            f"no complete checkpoint under {resume_from}: '{LATEST}' names {named!r} and the directories there "
+            f"({', '.join(p.name for p in candidates) or 'none'}) lack {STATE_NAME}, adapter/ or accelerate/"
+        )
+    why = f"'{LATEST}' names {named!r}, which is missing or incomplete" if named else f"there is no '{LATEST}' file"
+    _logger.warning("checkpoint root %s: %s; resuming from %s, the newest complete checkpoint",
+                    resume_from, why, complete[-1].name)
+    return complete[-1]
 
 
 def read_state(path: Path) -> dict[str, Any]:
