@@ -1,6 +1,6 @@
 """MaRS: slot memory, SGSE (statistics, behaviour, timing against task boundaries), DCDA stages,
-anchors from running class statistics, bounded distillation, keys over the stream, growth,
-save/load/continue.
+the paper's slot anchors (per-slot EMA statistics), growth through SGSE alone by default, the
+variants (class-Gaussian anchors with bounded distillation, keys at task starts), save/load/continue.
 
 Synthetic streams of *features* (the bench caches frozen features for MaRS the
 same way) keep the engine tests fast; domains live in orthogonal subspaces so
@@ -9,6 +9,8 @@ same way) keep the engine tests fast; domains live in orthogonal subspaces so
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 
 import numpy as np
@@ -26,6 +28,7 @@ from hf_clroute.bench.feature_cache import FeatureCollator
 from hf_clroute.methods.mars import ExpansionTest, MarsConfig, SlotMemory, wilson_lower_bound
 from hf_clroute.methods.mars.class_statistics import ClassStatistics
 from hf_clroute.methods.mars.method import distillation
+from hf_clroute.methods.mars.slot_statistics import SlotStatistics
 from hf_clroute.methods.mars.sgse import binomial_cdf, expansion_timing, threshold_for_alpha
 
 D = 32  # tiny_vit_config hidden size
@@ -73,7 +76,13 @@ def feature_stream(n_domains: int, train_per_class: int = 40, test_per_class: in
 
 
 def small_config(**overrides) -> MarsConfig:
-    return MarsConfig(**{"num_slots": 4, "max_slots": 16, "keys_per_task": 2, "dcda_window": 2, **overrides})
+    """The defaults (the paper's: slot anchors, growth through SGSE alone) on a small memory."""
+    return MarsConfig(**{"num_slots": 4, "max_slots": 16, "dcda_window": 2, **overrides})
+
+
+def gaussian_config(**overrides) -> MarsConfig:
+    """Our class-Gaussian anchor variant (mars-gaussian-align)."""
+    return small_config(**{"anchors": "class_gaussian", **overrides})
 
 
 def fit(config: MarsConfig, stream, model: CLModel | None = None, resume_from=None, **training):
@@ -231,8 +240,19 @@ def test_slot_growth_is_bounded_by_novel_domains():
 
 
 def test_no_sgse_ablation_keeps_slots_fixed():
-    model, _ = fit(small_config(use_sgse=False, keys_per_task=0), feature_stream(2, train_per_class=20))
+    # Nothing else adds slots by default: no keys at task starts.
+    model, _ = fit(small_config(use_sgse=False), feature_stream(3, train_per_class=20))
     assert model.method.memory.num_slots == 4 and model.method.extra_state()["slot_history"] == [[0, 4]]
+
+
+def test_default_memory_grows_through_sgse_alone():
+    """The paper's claim is task-free growth: by default every slot added after the initial ones
+    is an SGSE expansion, none is keyed at a task start (the stream has 3 boundaries)."""
+    model, _ = fit(small_config(), feature_stream(4))
+    state = model.method.extra_state()
+    assert state["slot_history"][1:] == state["expansion_history"] and state["expansion_history"]
+    assert model.method.memory.num_slots == 4 + len(state["expansion_history"])
+    assert state["keys_seeded"] == 4 and state["task_keys_left"] == 0
 
 
 def test_slot_cap_warns_and_stops_growing():
@@ -263,7 +283,9 @@ def test_save_load_and_continue_equals_not_stopping(tmp_path):
     loaded = CLModel.from_pretrained(tiny_vit(), tmp_path / "adapter")
     assert loaded.method.memory.num_slots == full_model.method.memory.num_slots
     assert loaded.method.extra_state() == full_model.method.extra_state()
-    torch.testing.assert_close(loaded.method.class_stats.outer, full_model.method.class_stats.outer, rtol=0, atol=0)
+    for name in ("mass", "sums"):
+        torch.testing.assert_close(getattr(loaded.method.slot_stats, name), getattr(full_model.method.slot_stats, name),
+                                   rtol=0, atol=0)
     torch.testing.assert_close(eval_logits(loaded, stream), eval_logits(full_model, stream), rtol=0, atol=0)
 
 
@@ -331,7 +353,8 @@ def _ctx():
     [("num_slots", 0), ("max_slots", 2), ("tau_r", -1.0), ("alpha", 1.5), ("dcda_schedule", "both"),
      ("key_init", "zeros"), ("lambda_smooth", -0.1), ("freeze_backbone", False), ("class_stats_space", "pixels"),
      ("anchors_per_class", 0), ("covariance_shrinkage", 1.5), ("lambda_align", -1.0), ("keys_per_task", -1),
-     ("timing_window", 0), ("novelty_statistic", "entropy")],
+     ("timing_window", 0), ("novelty_statistic", "entropy"), ("anchors", "class"), ("stat_horizon", 0),
+     ("varsigma", 0.0)],
 )
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -348,6 +371,8 @@ def test_defaults_are_the_papers():
     assert (c.num_slots, c.tau_r, c.quantile_beta, c.quantile_window, c.quantile_eps) == (32, 0.07, 0.9, 10, 0.1)
     assert (c.test_trials, c.wilson_z, c.lambda_smooth, c.distill_temperature) == (20, 1.645, 0.3, 3.0)
     assert math.isclose(ExpansionTest(2).false_expansion_bound, binomial_cdf(15, 20, 0.9))
+    # Task-free growth and the per-slot anchors; our designs are opt-in variants.
+    assert (c.keys_per_task, c.anchors, c.use_sgse, c.use_anchors) == (0, "slot", True, True)
 
 
 def _into_second_task(config, stream, stage: int | None = None):
@@ -416,7 +441,7 @@ def test_anchors_are_drawn_from_the_stored_gaussians():
 
 def test_stage2_anchors_come_from_the_method_statistics():
     stream = feature_stream(2, train_per_class=20)
-    model, _ = fit(small_config(dcda_window=1, anchors_per_class=3), stream)
+    model, _ = fit(gaussian_config(dcda_window=1, anchors_per_class=3), stream)
     method = model.method
     # Every training feature was folded in: 40 per class, over the 4 classes.
     assert method.class_stats.counts.tolist() == [20.0] * 4
@@ -430,7 +455,7 @@ def test_stage2_anchors_come_from_the_method_statistics():
 
 def test_backbone_space_anchors_are_routed_through_the_memory():
     stream = feature_stream(2, train_per_class=20)
-    model, _ = fit(small_config(dcda_window=1, class_stats_space="backbone"), stream)
+    model, _ = fit(gaussian_config(dcda_window=1, class_stats_space="backbone"), stream)
     method = model.method
     # Statistics of the frozen features: their means are those of the raw training data.
     raw = torch.tensor(np.stack(stream[0].train["features"]), dtype=torch.float32)
@@ -445,9 +470,111 @@ def test_backbone_space_anchors_are_routed_through_the_memory():
 
 def test_stage2_trains_on_anchors_of_old_classes():
     stream = feature_stream(2, train_per_class=10)
-    model, _ = _into_second_task(small_config(dcda_window=1), stream, 2)
+    model, _ = _into_second_task(gaussian_config(dcda_window=1), stream, 2)
     losses = model(**FeatureCollator()([stream[1].train[i] for i in range(6)])).losses
     assert {"ce", "lwf", "align", "anchor"} <= set(losses)
+
+
+# ---- the paper's anchors: router-weighted EMA statistics per slot -----------------------------------
+
+
+def test_slot_statistics_ema_update_by_hand():
+    m = 0.9
+    stats = SlotStatistics(3, 2, momentum=m)
+    x1, p1 = torch.tensor([[1.0, 2.0], [3.0, -1.0]]), torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
+    x2, p2 = torch.tensor([[0.0, 4.0]]), torch.tensor([[0.2, 0.8, 0.0]])
+    stats.update(x1, p1)
+    stats.update(x2, p2)
+    # c <- m c + (1 - m) mean_b p_b;  mu <- m mu + (1 - m) mean_b p_b x_b, from zero.
+    c1, mu1 = (1 - m) * torch.tensor([0.75, 0.25, 0.0]), (1 - m) * torch.tensor([[1.75, 0.0], [0.25, 0.5], [0, 0]])
+    c2 = m * c1 + (1 - m) * torch.tensor([0.2, 0.8, 0.0])
+    mu2 = m * mu1 + (1 - m) * torch.tensor([[0.0, 0.8], [0.0, 3.2], [0.0, 0.0]])
+    torch.testing.assert_close(stats.mass, c2)
+    torch.testing.assert_close(stats.sums, mu2)
+
+
+def test_slot_anchor_formula_by_hand():
+    """a_i = gamma_i * (mu_i / max(c_i, varsigma)) + beta_i, for active slots with statistics only."""
+    stats = SlotStatistics(4, 2, momentum=0.99)
+    stats.mass.copy_(torch.tensor([0.5, 0.0005, 0.2, 0.0]))  # slot 1 under the floor, slot 3 never used
+    stats.sums.copy_(torch.tensor([[1.0, -2.0], [0.001, 0.002], [0.4, 0.6], [0.0, 0.0]]))
+    gamma = torch.tensor([[2.0, 1.0], [1.0, 3.0], [0.5, 0.5], [1.0, 1.0]])
+    beta = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.1, 0.2], [0.0, 0.0]])
+    active = torch.tensor([True, True, False, True])  # slot 2 is inactive
+    anchors = stats.anchors(gamma, beta, active, varsigma=1e-3)
+    expected = torch.tensor([
+        [2.0 * 1.0 / 0.5 + 0.0, 1.0 * -2.0 / 0.5 + 1.0],  # c_0 above the floor: its mean
+        [1.0 * 0.001 / 1e-3 + 1.0, 3.0 * 0.002 / 1e-3 + 0.0],  # c_1 = 5e-4 < varsigma: divided by varsigma
+    ])
+    torch.testing.assert_close(anchors, expected)
+    assert stats.anchor_slots(active).tolist() == [0, 1]
+
+
+def test_method_folds_every_training_batch_into_the_slot_statistics():
+    """Replaying the EMA over the batches with the routing the method saw gives its statistics."""
+    stream = feature_stream(1, train_per_class=10)
+    # The memory never moves: no stage 1, no growth, keys not re-seeded from data.
+    model = get_cl_model(tiny_vit(), small_config(use_sgse=False, use_stage1=False, key_init="random"))
+    model, _ = fit(None, stream, model=model)
+    method, m = model.method, 1 - 1 / model.method.config.stat_horizon
+    mass, sums = torch.zeros(16), torch.zeros(16, D)
+    with torch.no_grad():
+        for i in range(0, 20, 10):  # batch size 10, stream order
+            features = torch.tensor(np.stack(stream[0].train["features"][i : i + 10]), dtype=torch.float32)
+            routing = method.memory(features)
+            mass = m * mass + (1 - m) * routing.probs.mean(0)
+            sums = m * sums + (1 - m) * routing.probs.T @ routing.normed / 10
+    torch.testing.assert_close(method.slot_stats.mass, mass)
+    torch.testing.assert_close(method.slot_stats.sums, sums)
+
+
+def test_slot_statistics_are_the_global_batch_under_ddp():
+    """Two processes, each with half of the batch: after the step both hold the statistics one
+    process holds after the whole batch (the method gathers what it folds in)."""
+    stream = feature_stream(1, train_per_class=10)
+    model = get_cl_model(tiny_vit(), small_config())
+    model.grow_head(2)
+    model.method.on_task_start(model, stream[0], _ctx())
+    model.train()
+    batch = FeatureCollator()([stream[0].train[i] for i in range(8)])
+    with torch.no_grad():
+        out = model(**batch)
+    whole = {"labels": batch["labels"], **out.extras}
+    from hf_clroute.methods.base import StepContext
+
+    single = copy.deepcopy(model.method)
+    single.after_step(model, batch, out, _ctx())
+    for rank in (0, 1):
+        part = slice(4 * rank, 4 * rank + 4)
+        halves = {k: v[part] for k, v in whole.items()}
+
+        def gather(t, halves=halves):
+            return next(whole[k] for k, h in halves.items() if h.shape == t.shape and torch.equal(h, t))
+
+        method = copy.deepcopy(model.method)
+        extras = {k: v[part] for k, v in out.extras.items()}
+        local_out = dataclasses.replace(out, extras=extras, features=out.features[part])
+        ctx = StepContext(task_id=0, process_index=rank, num_processes=2, _gather=gather, _reduce=lambda t: 2 * t)
+        method.after_step(model, {"features": batch["features"][part], "labels": batch["labels"][part]}, local_out, ctx)
+        torch.testing.assert_close(method.slot_stats.mass, single.slot_stats.mass, rtol=0, atol=0)
+        torch.testing.assert_close(method.slot_stats.sums, single.slot_stats.sums, rtol=0, atol=0)
+    assert single.slot_stats.mass.sum() > 0
+
+
+def test_stage2_distils_the_previous_head_on_the_slot_anchors():
+    stream = feature_stream(2, train_per_class=10)
+    model, method = _into_second_task(small_config(dcda_window=1), stream, 2)
+    losses = model(**FeatureCollator()([stream[1].train[i] for i in range(6)])).losses
+    assert set(losses) == {"ce", "lwf", "anchor"}  # no alignment: slot anchors carry no label
+    anchors = method.slot_anchors()
+    assert len(anchors) == method.memory.num_slots  # every active slot has seen task 0
+    teacher = F.linear(anchors, method.teacher_weight, method.teacher_bias)
+    expected = distillation(model.head(anchors)[:, :2], teacher, 3.0)
+    torch.testing.assert_close(losses["anchor"], expected)
+    # Over the old classes' logits only: the new classes' head rows get no gradient from it.
+    model.head.zero_grad()
+    losses["anchor"].backward()
+    assert model.head.weight.grad[2:].abs().sum() == 0 and model.head.weight.grad[:2].abs().sum() > 0
 
 
 # ---- distillation that bounds new-class logits -----------------------------------------------------------
@@ -494,7 +621,8 @@ def test_new_class_logits_are_bounded_by_the_distillation_term():
 def test_anchor_distillation_reaches_new_class_rows_only_when_bounded():
     stream = feature_stream(2, train_per_class=10)
     for bounded in (True, False):
-        model, method = _into_second_task(small_config(dcda_window=1, bound_new_classes=bounded, lambda_align=0.0), stream)
+        config = gaussian_config(dcda_window=1, bound_new_classes=bounded, lambda_align=0.0)
+        model, method = _into_second_task(config, stream)
         routing = method.memory(torch.tensor(np.stack(stream[1].train["features"][:4]), dtype=torch.float32))
         model.head.zero_grad()
         anchor = method.stage2_losses(model, routing, model.head(routing.output))["anchor"]
@@ -597,9 +725,13 @@ def test_stage1_rehearses_the_memory_on_routed_anchors():
     anchors of its class (and of every seen class) join the contrast, with gradient into the memory."""
     stream = feature_stream(2, train_per_class=10)
     with pytest.raises(ValueError, match="rehearse_memory"):
-        small_config(rehearse_memory=True)
+        gaussian_config(rehearse_memory=True)
+    with pytest.raises(ValueError, match="anchors='class_gaussian'"):
+        small_config(class_stats_space="backbone", rehearse_memory=True)  # slot anchors carry no label
     for rehearse in (False, True):
-        config = small_config(dcda_window=1, class_stats_space="backbone", rehearse_memory=rehearse, anchors_per_class=2)
+        config = gaussian_config(
+            dcda_window=1, class_stats_space="backbone", rehearse_memory=rehearse, anchors_per_class=2
+        )
         model, method = _into_second_task(config, stream, 1)
         supcon = model(**FeatureCollator()([stream[1].train[0]])).losses["supcon"]
         if rehearse:
@@ -607,3 +739,29 @@ def test_stage1_rehearses_the_memory_on_routed_anchors():
             assert supcon > 0 and method.memory.gamma.grad.abs().sum() > 0
         else:
             assert supcon == 0
+
+
+# ---- settings files: the defaults and the named variants ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "method", ["mars", "mars-head-only", "mars-task-keys", "mars-gaussian-align", "mars-no-sgse", "mars-no-anchor"]
+)
+def test_settings_files_name_the_variants_and_search_with_the_same_budget(method):
+    from hf_clroute.bench.settings import resolve_run, unflatten
+    from hf_clroute.bench.suites import SuiteConfig
+    from hf_clroute.bench.tune import BUDGET, search_grid
+
+    suite = SuiteConfig.load("split-mnist")
+    config = resolve_run(suite, method, 0).adapter_config
+    # Only the named variants depart from the paper's growth and anchors.
+    assert config.keys_per_task == (4 if method == "mars-task-keys" else 0)
+    assert config.anchors == ("class_gaussian" if method == "mars-gaussian-align" else "slot")
+    grid = search_grid(method, trains=True)
+    assert len(grid) == BUDGET and len({tuple(sorted(p.items())) for p in grid}) == BUDGET
+    for point in grid:
+        layers = unflatten(point)
+        run = resolve_run(suite, method, 0, overrides=layers["training"], config_overrides=layers["config"])
+        for key, value in point.items():
+            section, name = key.split(".")
+            assert getattr(run.adapter_config if section == "config" else run.training, name) == value

@@ -575,3 +575,30 @@ def test_frozen_routers_stay_frozen_after_reload(tmp_path):
     assert reloaded.method.tasks_done == 1
     assert not any(p.requires_grad for p in reloaded.method.routers.parameters())
     assert all(p.requires_grad for p in reloaded.head.parameters())
+
+
+# ---- the tuned knobs: W_V and the temperature -----------------------------------------------------------
+
+
+SEARCHED = ["rwf", "rwf-dot", "rwf-static", "rwf-pretrained-key", "rwf-full-softmax", "rwf-head-only"]
+
+
+@pytest.mark.parametrize("method", SEARCHED)
+def test_search_grids_are_valid_configurations_with_rwf_s_budget(method):
+    """RwF and its control get the same budget, each point a valid run; rwf's points cover the
+    three frozen value projections and a second temperature."""
+    from hf_clroute.bench.settings import unflatten
+    from hf_clroute.bench.tune import BUDGET, search_grid
+
+    grid = search_grid(method, trains=True)
+    assert len(grid) == BUDGET and len({tuple(sorted(p.items())) for p in grid}) == BUDGET
+    suite = SuiteConfig.load("split-mnist")
+    for point in grid:
+        layers = unflatten(point)
+        run = resolve_run(suite, method, 0, overrides=layers["training"], config_overrides=layers["config"])
+        for key, value in point.items():
+            section, name = key.split(".")
+            assert getattr(run.adapter_config if section == "config" else run.training, name) == value
+    if method == "rwf":
+        assert {p["config.value_init"] for p in grid} == set(RwfConfig.MATRIX_INITS)
+        assert len({p["config.temperature"] for p in grid}) == 2

@@ -6,10 +6,11 @@ from .config import MarsConfig
 from .method import Mars
 from .sgse import ExpansionTest, ExpansionTiming, expansion_timing, wilson_lower_bound
 from .slot_memory import SlotCapacityError, SlotMemory
+from .slot_statistics import SlotStatistics
 
 register_method(MarsConfig, Mars)
 
 __all__ = [
     "ClassStatistics", "ExpansionTest", "ExpansionTiming", "Mars", "MarsConfig", "SlotCapacityError", "SlotMemory",
-    "expansion_timing", "wilson_lower_bound",
+    "SlotStatistics", "expansion_timing", "wilson_lower_bound",
 ]

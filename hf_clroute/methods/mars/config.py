@@ -3,8 +3,14 @@
 MaRS = a slot memory on a frozen encoder's pooled features (router + per-slot
 affine adapters), SGSE (a statistical test that decides when to add a slot) and
 DCDA (two-stage training: memory with a contrastive loss, then the head with
-distillation on current inputs and rehearsal of every seen class from its
-running Gaussian statistics: the anchors).
+distillation on current inputs and on anchors).
+
+Defaults are the paper's unless a field's help says "ours". Two of our designs
+are variants with their own names, not defaults: slot keys seeded at every task
+start (``keys_per_task > 0``, ``mars-task-keys``: the paper grows the memory
+through SGSE alone, task-free) and class-Gaussian anchors with class-balanced
+alignment (``anchors="class_gaussian"``, ``mars-gaussian-align``: the paper's
+anchors are per-slot statistics).
 """
 
 from __future__ import annotations
@@ -20,26 +26,32 @@ class MarsConfig(CLConfig):
     method = "mars"
 
     # ---- slot memory ------------------------------------------------------------
-    num_slots: int = field(default=32, metadata={"help": "S_0: slots the memory starts with."})
+    num_slots: int = field(default=32, metadata={"help": "S_0: slots the memory starts with (the paper's 32)."})
     max_slots: int = field(
         default=64,
-        metadata={"help": "Cap on slots; storage for this many is allocated up front (active ones are masked in)."},
+        metadata={"help": "Cap on slots (ours: the paper sets none); storage for this many is allocated up "
+                          "front (active ones are masked in), so it must leave SGSE room to grow."},
     )
     query_dim: int | None = field(
-        default=None, metadata={"help": "Width of the router query q = W_q h (None: the backbone's hidden size)."}
+        default=None,
+        metadata={"help": "Width of the router query q = W_q h (None, ours: the backbone's hidden size, so W_q "
+                          "starts as the identity and routes on h itself)."},
     )
-    tau_r: float = field(default=0.07, metadata={"help": "Temperature of the cosine-softmax router."})
+    tau_r: float = field(default=0.07, metadata={"help": "Temperature of the cosine-softmax router (the paper's)."})
     key_init: str = field(
         default="data",
         metadata={
-            "help": "'data': the S_0 keys are the first S_0 training queries (random keys in a wide space give "
-            "near-uniform routing, so no input looks familiar); 'random': seeded random unit keys."
+            "help": "'data' (ours; the paper does not say): the S_0 keys are the first S_0 training queries "
+            "(random keys in a wide space give near-uniform routing, so no input looks familiar); 'random': "
+            "seeded random unit keys."
         },
     )
     memory_init_seed: int = field(default=0, metadata={"help": "Seed for W_q (when not square) and random keys."})
 
     # ---- SGSE: when to add a slot --------------------------------------------------
-    use_sgse: bool = field(default=True, metadata={"help": "Ablation switch: False keeps the S_0 slots fixed."})
+    use_sgse: bool = field(
+        default=True, metadata={"help": "Ablation switch (True is the paper's): False keeps the S_0 slots fixed."}
+    )
     novelty_statistic: str = field(
         default="top_probability",
         metadata={
@@ -50,22 +62,34 @@ class MarsConfig(CLConfig):
             "no slot covers."
         },
     )
-    quantile_beta: float = field(default=0.9, metadata={"help": "beta: EMA factor of the quantile tracker Q_t."})
-    quantile_window: int = field(default=10, metadata={"help": "w: recent confidences the quantile q_t is taken over."})
+    quantile_beta: float = field(
+        default=0.9, metadata={"help": "beta: EMA factor of the quantile tracker Q_t (the paper's)."}
+    )
+    quantile_window: int = field(
+        default=10, metadata={"help": "w: recent confidences the quantile q_t is taken over (the paper's)."}
+    )
     quantile_eps: float = field(
         default=0.1,
-        metadata={"help": "eps: Q_t tracks the level that a (1 - eps) share of recent confidences reach."},
+        metadata={"help": "eps: Q_t tracks the level that a (1 - eps) share of recent confidences reach "
+                          "(the paper's)."},
     )
-    test_trials: int = field(default=20, metadata={"help": "n: Bernoulli trials {s_t >= Q_t} per expansion test."})
-    wilson_z: float = field(default=1.645, metadata={"help": "z of the one-sided Wilson lower bound (95%)."})
+    test_trials: int = field(
+        default=20, metadata={"help": "n: Bernoulli trials {s_t >= Q_t} per expansion test (the paper's)."}
+    )
+    wilson_z: float = field(
+        default=1.645, metadata={"help": "z of the one-sided Wilson lower bound (95%, the paper's)."}
+    )
     alpha: float = field(
-        default=0.05, metadata={"help": "Target false-expansion probability per test on a stationary stream."}
+        default=0.05,
+        metadata={"help": "Target false-expansion probability per test on a stationary stream (the paper bounds "
+                          "it by alpha; 0.05 is ours)."},
     )
     expansion_threshold: float | None = field(
         default=None,
         metadata={
-            "help": "Expand when the Wilson lower bound falls below this; None: the largest threshold whose "
-            "false-expansion probability under Binomial(n, 1 - eps) is <= alpha."
+            "help": "Expand when the Wilson lower bound falls below this; None (ours, the paper gives no "
+            "value): the largest threshold whose false-expansion probability under Binomial(n, 1 - eps) is "
+            "<= alpha."
         },
     )
 
@@ -73,81 +97,133 @@ class MarsConfig(CLConfig):
     dcda_schedule: str = field(
         default="alternate",
         metadata={
-            "help": "'alternate': stage 1 and stage 2 take turns every dcda_window steps (online use); "
-            "'sequential': per task, stage 1 on the first stage1_fraction of its samples, then stage 2 "
-            "(the paper's offline recipe: stage-1 epochs, then stage-2 epochs)."
+            "help": "'alternate' (ours, for online use: the paper trains offline, which an online stream "
+            "cannot): stage 1 and stage 2 take turns every dcda_window steps; 'sequential': per task, "
+            "stage 1 on the first stage1_fraction of its samples, then stage 2 (the paper's offline recipe: "
+            "stage-1 epochs, then stage-2 epochs)."
         },
     )
-    dcda_window: int = field(default=10, metadata={"help": "Steps per stage turn for the 'alternate' schedule."})
-    stage1_fraction: float = field(
-        default=0.5, metadata={"help": "Share of a task's training samples spent in stage 1 ('sequential')."}
+    dcda_window: int = field(
+        default=10, metadata={"help": "Steps per stage turn for the 'alternate' schedule (ours)."}
     )
-    supcon_temperature: float = field(default=0.1, metadata={"help": "Temperature of the supervised contrastive loss."})
-    lambda_smooth: float = field(default=0.3, metadata={"help": "Weight of the smoothness term mean ||h~ - LN(h)||^2."})
-    distill_temperature: float = field(default=3.0, metadata={"help": "T of the LwF and anchor distillation."})
+    stage1_fraction: float = field(
+        default=0.5,
+        metadata={"help": "Share of a task's training samples spent in stage 1 ('sequential'; ours: the paper "
+                          "states epochs, not a share)."},
+    )
+    supcon_temperature: float = field(
+        default=0.1,
+        metadata={"help": "Temperature of the supervised contrastive loss (ours: SupCon's usual 0.1; the paper "
+                          "states none)."},
+    )
+    lambda_smooth: float = field(
+        default=0.3, metadata={"help": "Weight of the smoothness term mean ||h~ - LN(h)||^2 (the paper's 0.3)."}
+    )
+    distill_temperature: float = field(
+        default=3.0, metadata={"help": "T of the LwF and anchor distillation (the paper's T = 3)."}
+    )
     lambda_lwf: float = field(
-        default=1.0, metadata={"help": "Weight of LwF distillation (old classes' logits) on current inputs."}
+        default=1.0,
+        metadata={"help": "Weight of LwF distillation (old classes' logits) on current inputs; the paper's loss is "
+                          "an unweighted sum, so 1."},
     )
 
-    # ---- rehearsal from class statistics (the anchors) ---------------------------------
+    # ---- anchors -----------------------------------------------------------------------
+    anchors: str = field(
+        default="slot",
+        metadata={
+            "help": "What stage 2 distils on besides the current inputs. 'slot' (the paper's): one anchor per "
+            "slot, a_i = gamma_i * (mu_i / max(c_i, varsigma)) + beta_i from router-weighted EMA statistics "
+            "(mu_i, c_i) of the memory's inputs, with distillation from the previous head over the old "
+            "classes' logits. 'class_gaussian' (ours, variant mars-gaussian-align): draws from exact running "
+            "per-class Gaussians, with class-balanced alignment and distillation (the class_stats_space ... "
+            "rehearse_memory fields below apply to it only)."
+        },
+    )
+    stat_horizon: int = field(
+        default=100,
+        metadata={
+            "help": "The per-slot EMA statistics (anchors='slot') average over about this many steps: "
+            "c_i <- m c_i + (1 - m) mean p_i with m = 1 - 1 / stat_horizon. The paper uses an EMA without "
+            "a stated factor; 100 (m = 0.99) is ours, tuned on validation (mars.json's search points)."
+        },
+    )
+    varsigma: float = field(
+        default=1e-3,
+        metadata={
+            "help": "Floor of the slot mass in a_i = gamma_i * (mu_i / max(c_i, varsigma)) + beta_i (the paper's "
+            "formula; the value is ours): a barely used slot's anchor shrinks towards beta_i instead of "
+            "dividing by almost zero."
+        },
+    )
     class_stats_space: str = field(
         default="memory_output",
         metadata={
-            "help": "Which features the per-class Gaussians (exact running means + one shared covariance) "
-            "describe. 'memory_output': h~ as the head saw it in training (samples go to the head as they "
-            "are; old classes' statistics describe the memory as it was then); 'backbone': the frozen h "
-            "(never stale), and each sample is routed through the current memory to give its h~."
+            "help": "anchors='class_gaussian' only. Which features the per-class Gaussians (exact running "
+            "means + one shared covariance) describe. 'memory_output': h~ as the head saw it in training "
+            "(samples go to the head as they are; old classes' statistics describe the memory as it was "
+            "then); 'backbone': the frozen h (never stale), and each sample is routed through the current "
+            "memory to give its h~."
         },
     )
     anchors_per_class: int = field(
         default=16,
-        metadata={"help": "Samples drawn per seen class from its Gaussian at every stage-2 step (the anchors)."},
+        metadata={"help": "anchors='class_gaussian' only: samples drawn per seen class from its Gaussian at "
+                          "every stage-2 step."},
     )
     covariance_shrinkage: float = field(
         default=0.1,
         metadata={
-            "help": "s in (1 - s) Sigma + s (tr Sigma / d) I, the covariance the anchors are drawn with: "
-            "keeps it positive definite while it is estimated from fewer features than dimensions."
+            "help": "anchors='class_gaussian' only: s in (1 - s) Sigma + s (tr Sigma / d) I, the covariance "
+            "the anchors are drawn with: keeps it positive definite while it is estimated from fewer "
+            "features than dimensions."
         },
     )
     lambda_align: float = field(
         default=1.0,
         metadata={
-            "help": "Weight of classifier alignment: cross-entropy over every seen class on the anchors of "
-            "every seen class (class-balanced, so the head sees old and new classes equally often)."
+            "help": "anchors='class_gaussian' only: weight of classifier alignment, cross-entropy over every "
+            "seen class on the anchors of every seen class (class-balanced, so the head sees old and new "
+            "classes equally often)."
         },
     )
     lambda_anchor: float = field(
-        default=1.0, metadata={"help": "Weight of distillation from the previous head on the old classes' anchors."}
+        default=1.0,
+        metadata={"help": "Weight of distillation from the previous head on the anchors (slot anchors, or the old "
+                          "classes' Gaussian anchors); the paper's loss is an unweighted sum, so 1."},
     )
     bound_new_classes: bool = field(
         default=True,
         metadata={
-            "help": "True: the anchor distillation is KL over all the head's classes, the previous head "
-            "giving the new classes zero probability, which adds -log(1 - new-class mass) and so holds "
-            "new-class logits below old ones on old-class anchors; False: KL over old classes' logits only."
+            "help": "anchors='class_gaussian' only (slot anchors carry no label, so their distillation is "
+            "always over the old classes' logits, the paper's). True: the anchor distillation is KL over all "
+            "the head's classes, the previous head giving the new classes zero probability, which adds "
+            "-log(1 - new-class mass) and so holds new-class logits below old ones on old-class anchors; "
+            "False: KL over old classes' logits only."
         },
     )
     rehearse_memory: bool = field(
         default=False,
         metadata={
-            "help": "Stage 1 also contrasts the anchors of every seen class (drawn as frozen h and routed "
-            "through the memory with gradient), so the memory is trained to separate all classes seen, "
-            "not only the current batch's; needs class_stats_space='backbone'."
+            "help": "anchors='class_gaussian' only (ours). Stage 1 also contrasts the anchors of every seen "
+            "class (drawn as frozen h and routed through the memory with gradient), so the memory is "
+            "trained to separate all classes seen, not only the current batch's; needs "
+            "class_stats_space='backbone'."
         },
     )
     keys_per_task: int = field(
-        default=4,
+        default=0,
         metadata={
-            "help": "Slots switched on at each later task's start, keyed by that task's first queries "
-            "(task 0 keys the num_slots initial slots), so keys cover the whole stream, not only task 0. "
-            "0: only SGSE adds slots after task 0."
+            "help": "0 (the paper's): after the num_slots initial keys, only SGSE adds slots, so the memory "
+            "grows without being told where tasks begin. > 0 (ours, variant mars-task-keys): this many slots "
+            "switched on at each later task's start, keyed by that task's first queries, so keys cover the "
+            "whole stream; it uses the task boundaries SGSE is meant to detect on its own."
         },
     )
     timing_window: int = field(
         default=10,
         metadata={
-            "help": "Measurement only: an SGSE expansion within this many steps after a task boundary counts "
+            "help": "Measurement only (ours): an SGSE expansion within this many steps after a task boundary counts "
             "as detecting it (extra_state()['sgse_timing'])."
         },
     )
@@ -155,20 +231,25 @@ class MarsConfig(CLConfig):
     # ---- ablations ---------------------------------------------------------------------
     use_anchors: bool = field(
         default=True,
-        metadata={"help": "Ablation switch: False draws no anchors (no alignment, no anchor distillation)."},
+        metadata={"help": "Ablation switch (True is the paper's): False uses no anchors (no anchor "
+                          "distillation, no alignment)."},
     )
     use_stage1: bool = field(
-        default=True, metadata={"help": "Ablation switch: False never trains the memory (every step is stage 2)."}
+        default=True,
+        metadata={"help": "Ablation switch (True is the paper's): False never trains the memory (every step is "
+                          "stage 2)."},
     )
     use_stage2: bool = field(
         default=True,
-        metadata={"help": "Ablation switch: False trains the head with plain CE beside stage 1 (no distillation)."},
+        metadata={"help": "Ablation switch (True is the paper's): False trains the head with plain CE beside "
+                          "stage 1 (no distillation)."},
     )
 
     SCHEDULES: ClassVar[tuple[str, ...]] = ("alternate", "sequential")
     KEY_INITS: ClassVar[tuple[str, ...]] = ("data", "random")
     NOVELTY_STATISTICS: ClassVar[tuple[str, ...]] = ("top_probability", "top_similarity")
     STATS_SPACES: ClassVar[tuple[str, ...]] = ("memory_output", "backbone")
+    ANCHORS: ClassVar[tuple[str, ...]] = ("slot", "class_gaussian")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -176,9 +257,14 @@ class MarsConfig(CLConfig):
             raise ValueError("MarsConfig.freeze_backbone must be True: MaRS adapts a frozen encoder's features")
         self._check_positive(
             "num_slots", "max_slots", "tau_r", "quantile_window", "test_trials", "wilson_z", "dcda_window",
-            "supcon_temperature", "distill_temperature", "anchors_per_class", "timing_window",
+            "supcon_temperature", "distill_temperature", "anchors_per_class", "timing_window", "varsigma",
+            "stat_horizon",
         )
-        self._check_fraction("quantile_beta", "quantile_eps", "alpha", "stage1_fraction", "covariance_shrinkage")
+        self._check_fraction(
+            "quantile_beta", "quantile_eps", "alpha", "stage1_fraction", "covariance_shrinkage"
+        )
+        if self.stat_horizon < 1:
+            raise ValueError(f"MarsConfig.stat_horizon must be >= 1 step, got {self.stat_horizon!r}")
         if self.max_slots < self.num_slots:
             raise ValueError(f"MarsConfig.max_slots ({self.max_slots}) must be >= num_slots ({self.num_slots})")
         if self.query_dim is not None:
@@ -192,6 +278,10 @@ class MarsConfig(CLConfig):
             raise ValueError(
                 f"MarsConfig.class_stats_space must be one of {self.STATS_SPACES}, got {self.class_stats_space!r}"
             )
+        if self.anchors not in self.ANCHORS:
+            raise ValueError(f"MarsConfig.anchors must be one of {self.ANCHORS}, got {self.anchors!r}")
+        if self.rehearse_memory and self.anchors != "class_gaussian":
+            raise ValueError("MarsConfig.rehearse_memory needs anchors='class_gaussian' (slot anchors carry no label)")
         if self.rehearse_memory and self.class_stats_space != "backbone":
             raise ValueError("MarsConfig.rehearse_memory needs class_stats_space='backbone' (anchors routed with gradient)")
         if self.novelty_statistic not in self.NOVELTY_STATISTICS:

@@ -20,23 +20,29 @@ entirely (no momentum, no weight decay), so stage 1 provably never changes the
 head and stage 2 never the memory. (Multiplying a loss by zero would not do:
 Adam's momentum would still move the parameters.)
 
-Anchors. Every training feature is folded into exact running per-class
-statistics (means and one shared covariance, ``ClassStatistics``), of h~ or of
-the frozen h (``class_stats_space``). Each stage-2 step draws anchors from
-those class Gaussians for every class seen so far and trains the head on them:
-cross-entropy over all seen classes (classifier alignment, class-balanced, so
-the head stops favouring the classes of the current batch) and distillation
-from the previous head on the old classes' anchors. Nothing from the stream is
-stored but the sums. The statistics are folded in from the *gathered* global
-batch, so every process holds the same sums without a separate reduce.
+Anchors (``anchors``). The paper's, by default: every training batch updates
+router-weighted EMA statistics per slot (``SlotStatistics``: mass c_i and LN(h)
+mass mu_i), and each stage-2 step distils the previous head into the current
+one on the slot anchors a_i = gamma_i * (mu_i / max(c_i, varsigma)) + beta_i,
+over the old classes' logits (an anchor has no label). Our variant
+``class_gaussian`` folds every training feature into exact running per-class
+statistics instead (means and one shared covariance, ``ClassStatistics``), of
+h~ or of the frozen h (``class_stats_space``); each stage-2 step draws anchors
+from those class Gaussians for every class seen so far and trains the head on
+them: cross-entropy over all seen classes (classifier alignment,
+class-balanced) and distillation from the previous head on the old classes'
+anchors. Either way nothing from the stream is stored but statistics, folded in
+from the *gathered* global batch, so every process holds the same numbers
+without a separate reduce.
 
 The smoothness term compares h~ with LN(h), the memory's identity output,
 rather than raw h: the per-slot affine cannot undo the per-sample
 normalisation, so "no drift" means h~ = LN(h).
 
-Keys. Task 0's first queries key the num_slots initial slots; each later task's
-first queries key ``keys_per_task`` new slots, so every part of the stream has
-keys of its own. SGSE sees every other training input (the confidences and
+Keys. The first queries of the stream key the num_slots initial slots; after
+that, by default (the paper's), only SGSE adds slots. Our variant
+``keys_per_task > 0`` also keys that many new slots from each later task's first
+queries (it is told where tasks begin). SGSE sees every other training input (the confidences and
 queries of the global batch, so every process takes the same decision) and
 switches on a preallocated slot when it fires: the parameter set never changes
 mid-task. Its expansions and the task boundaries are recorded, so
@@ -58,6 +64,7 @@ from .class_statistics import ClassStatistics
 from .config import MarsConfig
 from .sgse import ExpansionTest, ExpansionTiming, expansion_timing
 from .slot_memory import Routing, SlotCapacityError, SlotMemory
+from .slot_statistics import SlotStatistics
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...data.streams import Experience
@@ -144,6 +151,7 @@ class Mars(ContinualMethod):
             threshold=cfg.expansion_threshold,
         )
         self.class_stats = ClassStatistics(hidden)
+        self.slot_stats = SlotStatistics(cfg.max_slots, hidden, momentum=1 - 1 / cfg.stat_horizon)
         if cfg.key_init == "random":
             self.keys_seeded = cfg.num_slots
         # Teacher (the head before this task); resized at task start and in load_extra_state,
@@ -198,7 +206,10 @@ class Mars(ContinualMethod):
             smooth = (outputs - normed).pow(2).sum(dim=-1).mean()
             losses["smooth"] = self.config.lambda_smooth * smooth
         novelty = routing.similarity if self.config.novelty_statistic == "top_similarity" else routing.confidence
-        extras = {"query": routing.query.detach(), "confidence": novelty.detach()}
+        extras = {
+            "query": routing.query.detach(), "confidence": novelty.detach(),
+            "probs": routing.probs.detach(), "normed": routing.normed.detach(),
+        }
         if self.config.class_stats_space == "backbone":
             extras["backbone"] = h.detach()
         return CLModelOutput(
@@ -206,13 +217,22 @@ class Mars(ContinualMethod):
         )
 
     def stage2_losses(self, model: "CLModel", routing: Routing, logits: torch.Tensor) -> dict[str, torch.Tensor]:
-        """LwF on current inputs; alignment and distillation on anchors drawn from the class Gaussians."""
+        """LwF on current inputs; distillation on the slot anchors, or alignment and distillation
+        on anchors drawn from the class Gaussians."""
         cfg, n_old, T = self.config, self.old_classes, self.config.distill_temperature
         terms = {}
         if n_old and cfg.lambda_lwf:
             teacher = F.linear(routing.output, self.teacher_weight, self.teacher_bias)
             terms["lwf"] = cfg.lambda_lwf * distillation(logits[:, :n_old], teacher, T)
-        drawn = self.draw_anchors(model, routing.output) if cfg.use_anchors else None
+        if not cfg.use_anchors:
+            return terms
+        if cfg.anchors == "slot":
+            anchors = self.slot_anchors()
+            if n_old and cfg.lambda_anchor and len(anchors):
+                teacher = F.linear(anchors, self.teacher_weight, self.teacher_bias)
+                terms["anchor"] = cfg.lambda_anchor * distillation(model.head(anchors)[:, :n_old], teacher, T)
+            return terms
+        drawn = self.draw_anchors(model, routing.output)
         if drawn is None:
             return terms
         anchors, labels = drawn
@@ -225,6 +245,13 @@ class Mars(ContinualMethod):
             student = anchor_logits[old] if cfg.bound_new_classes else anchor_logits[old][:, :n_old]
             terms["anchor"] = cfg.lambda_anchor * distillation(student, teacher, T)
         return terms
+
+    @torch.no_grad()
+    def slot_anchors(self) -> torch.Tensor:
+        """The paper's anchors, one per active slot with statistics, with the adapters as they are
+        now (stage 2 does not train them): (A, d)."""
+        memory = self.memory
+        return self.slot_stats.anchors(memory.gamma, memory.beta, memory.active_mask(), self.config.varsigma)
 
     @torch.no_grad()
     def anchor_samples(self, model: "CLModel", like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -272,9 +299,10 @@ class Mars(ContinualMethod):
 
     @torch.no_grad()
     def after_step(self, model: "CLModel", batch, out: CLModelOutput, ctx: StepContext) -> None:
-        space = out.extras["backbone"] if self.config.class_stats_space == "backbone" else out.features
-        labels = ctx.gather(batch["labels"])
-        self.class_stats.update(ctx.gather(space).float(), labels)
+        self.slot_stats.update(ctx.gather(out.extras["normed"]).float(), ctx.gather(out.extras["probs"]).float())
+        if self.config.anchors == "class_gaussian":
+            space = out.extras["backbone"] if self.config.class_stats_space == "backbone" else out.features
+            self.class_stats.update(ctx.gather(space).float(), ctx.gather(batch["labels"]))
         query, confidence = (ctx.gather(out.extras[k]).float() for k in ("query", "confidence"))
         self._observe(query, confidence, ctx.global_step + 1)
         self.task_step += 1
@@ -282,8 +310,8 @@ class Mars(ContinualMethod):
         self.steps_seen += 1
 
     def _observe(self, query: torch.Tensor, confidence: torch.Tensor, step: int) -> None:
-        """Key the initial slots from the first queries and a task's new slots from its first
-        queries; feed every other input to SGSE."""
+        """Key the initial slots from the first queries (and, with keys_per_task, a task's new
+        slots from its first queries); feed every other input to SGSE."""
         cfg = self.config
         for i, value in enumerate(confidence.tolist()):  # one device sync per step, not per input
             if self.keys_seeded < cfg.num_slots:

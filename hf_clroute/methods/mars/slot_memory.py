@@ -11,9 +11,11 @@ ones are masked out of the softmax: adding a slot then changes no parameter
 set (the optimizer, DDP and saved tensors keep their shapes), and a masked
 slot gets exactly zero gradient until it is switched on.
 
-What old classes looked like is kept outside the memory, as per-class
-statistics of its output (``class_statistics.py``): per-slot EMA anchors
-forgot an old task within a few hundred steps.
+What each slot has seen is kept beside the memory, as router-weighted EMA
+statistics per slot (``slot_statistics.py``, the paper's anchors), or, in our
+variant, as exact per-class statistics (``class_statistics.py``): an EMA over
+about the last 1 / (1 - m) steps lets a slot's anchor drift to the current
+task's inputs when they are routed to it.
 """
 
 from __future__ import annotations

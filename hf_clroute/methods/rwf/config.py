@@ -14,6 +14,10 @@ Only the *query side* Q is trained:
   plus the classifier head (e.g. 100 classes: 77k, 0.09%): the paper's 2.13%.
 * ``query_mode="static"``: Q itself (m x d) is learned directly: 3 * m * d =
   18k parameters on ViT-B/16 (0.02%): the lightest variant.
+
+Each field's help says whether its default is the paper's or ours. The frozen
+value projection W_V (``value_init``) and the routing temperature are tuned on
+validation (``rwf.json``'s search points), not fixed by the paper.
 """
 
 from __future__ import annotations
@@ -30,71 +34,82 @@ class RwfConfig(CLConfig):
 
     num_prompts: int = field(
         default=8,
-        metadata={"help": "m: prompts pooled per routed block (per chunk for a causal LM) and appended to its tokens."},
+        metadata={"help": "m: prompts pooled per routed block (per chunk for a causal LM) and appended to its "
+                          "tokens (ours: the paper's parameter count fixes the query projection, not m)."},
     )
     routing: str = field(
         default="cosine",
         metadata={
-            "help": "Routing scores. 'cosine': cos(q, k) / temperature (queries and keys normalised, so the "
+            "help": "Routing scores. 'cosine' (ours): cos(q, k) / temperature (queries and keys normalised, so the "
             "softmax stays soft and input-dependent however the query norms grow in training); 'dot': the "
             "paper's beta <q, k>, which on layer-normed tokens collapses to one token per prompt."
         },
     )
     temperature: float = field(
         default=0.1,
-        metadata={"help": "Cosine routing: the softmax temperature (cosines lie in [-1, 1]; 0.1 spans 20 logits)."},
+        metadata={"help": "Cosine routing: the softmax temperature (ours: cosines lie in [-1, 1], 0.1 spans 20 "
+                          "logits; tuned on validation beside value_init, see rwf.json's search points)."},
     )
     learn_temperature: bool = field(
         default=False,
         metadata={"help": "Cosine routing: train log(temperature) per routed layer with the queries (recorded in "
-                          "the routing-health record)."},
+                          "the routing-health record); off by default (ours: the paper's beta is fixed)."},
     )
     beta: float | None = field(
         default=None,
-        metadata={"help": "Dot routing: inverse temperature of the softmax; None = 1/sqrt(hidden size), as in attention."},
+        metadata={"help": "Dot routing: inverse temperature of the softmax; None = 1/sqrt(hidden size), as in "
+                          "attention (ours: the paper gives no value)."},
     )
     routed_layers: list[int] | None = field(
         default=None,
-        metadata={"help": "0-based indices of the routed blocks; None = the first 3 (all, if the backbone has fewer)."},
+        metadata={"help": "0-based indices of the routed blocks; None = the first 3 (the paper's; all, if the "
+                          "backbone has fewer)."},
     )
     query_mode: str = field(
         default="projected",
         metadata={
-            "help": "'projected': Q = S W_Q^T + b with learned base queries S (m x d) and a trainable d x d "
-            "projection per layer (~2% of ViT-B/16); 'static': Q (m x d) learned directly (~0.02%)."
+            "help": "'projected' (the paper's, by its 2.13% trainable parameters): Q = S W_Q^T + b with learned "
+            "base queries S (m x d) and a trainable d x d projection per layer (~2% of ViT-B/16); 'static': "
+            "Q (m x d) learned directly (~0.02%)."
         },
     )
     query_init_std: float = field(
         default=1.0,
         metadata={
-            "help": "Std of the initial queries (S, or Q when static). 1.0 gives queries of norm ~sqrt(d), like "
-            "layer-normed tokens, so the initial routing logits beta <q, k> have unit scale."
+            "help": "Std of the initial queries (S, or Q when static). 1.0 (ours) gives queries of norm ~sqrt(d), "
+            "like layer-normed tokens, so the initial routing logits beta <q, k> have unit scale."
         },
     )
     query_projection_init: str = field(
         default="identity",
         metadata={
-            "help": "Initial W_Q in projected mode: 'identity' (queries start as the base queries) or 'zeros' "
-            "(every prompt starts as the mean token)."
+            "help": "Initial W_Q in projected mode: 'identity' (ours: queries start as the base queries) or "
+            "'zeros' (every prompt starts as the mean token)."
         },
     )
     key_init: str = field(
         default="identity",
-        metadata={"help": "Frozen W_K: 'identity' (route in the block's own token space), 'orthogonal' (seeded) or "
-                          "'pretrained' (the block's own attention key projection, its weight without the bias)."},
+        metadata={"help": "Frozen W_K: 'identity' (ours; the paper freezes W_K without fixing it: route in the "
+                          "block's own token space, and with a trainable query projection any fixed invertible W_K "
+                          "is nearly absorbed by W_Q), 'orthogonal' (seeded) or 'pretrained' (the block's own "
+                          "attention key projection, its weight without the bias; variant rwf-pretrained-key)."},
     )
     value_init: str = field(
         default="identity",
         metadata={
-            "help": "Frozen W_V: 'identity' (prompts are convex mixtures of the block's tokens, inputs the frozen "
-            "attention already understands), 'orthogonal' (seeded) or 'pretrained' (the block's own attention "
-            "value projection, weight and bias)."
+            "help": "Frozen W_V, tuned on validation (rwf.json's search points). The paper freezes W_V without "
+            "fixing it. 'identity' (the default, ours, kept until validation over the three suites picks one: "
+            "see each suite's selection.json): prompts are convex mixtures of the block's tokens, inputs the "
+            "frozen attention already understands, but routing can then only re-weight attention, never add "
+            "a direction; 'orthogonal' (seeded): a norm-preserving rotation, prompts off the tokens' span; "
+            "'pretrained': the block's own attention value projection (weight and bias)."
         },
     )
     causal_chunk_size: int = field(
         default=16,
         metadata={
-            "help": "Causal LMs only: positions are grouped in chunks of this many tokens; the m prompts of a chunk "
+            "help": "Causal LMs only (ours: the paper routes vision encoders): positions are grouped in chunks of "
+            "this many tokens; the m prompts of a chunk "
             "pool the tokens up to the chunk's first position, so no position sees a later token. 1 = exact "
             "per-position prompts (L*m extra rows: costly for long contexts)."
         },
@@ -102,24 +117,26 @@ class RwfConfig(CLConfig):
     current_task_loss: bool = field(
         default=True,
         metadata={
-            "help": "As in CLConfig, but on by default: RwF trains, as the prompt methods it is compared with "
-            "(L2P, DualPrompt, CODA-Prompt) do, with cross-entropy over the current task's classes."
+            "help": "As in CLConfig, but on by default (ours, the convention of the prompt methods RwF is "
+            "compared with: L2P, DualPrompt, CODA-Prompt): cross-entropy over the current task's classes."
         },
     )
     train_routers_for_tasks: int | None = field(
         default=None,
         metadata={
-            "help": "Train the routers on the first N tasks only, then freeze them (None: on every task). With a "
-            "statistics head (head='lda', 'ranpac', ...) the routers learn through that head's loss on the first "
-            "tasks, and the head's class statistics then accumulate on features that no longer move."
+            "help": "Train the routers on the first N tasks only, then freeze them (None, the paper's: on every "
+            "task). With a statistics head (head='lda', 'ranpac', ...) the routers learn through that head's "
+            "loss on the first tasks, and the head's class statistics then accumulate on features that no "
+            "longer move."
         },
     )
     head_refresh_steps: int = field(
         default=10,
         metadata={
-            "help": "With a statistics head, while the routers train: re-solve the head from its statistics every "
-            "this many steps, so the routers' loss reads the current class statistics (otherwise a head is solved "
-            "only before an evaluation, and before its first solve its classes score -inf: no gradient)."
+            "help": "With a statistics head (ours), while the routers train: re-solve the head from its "
+            "statistics every this many steps, so the routers' loss reads the current class statistics "
+            "(otherwise a head is solved only before an evaluation, and before its first solve its classes "
+            "score -inf: no gradient)."
         },
     )
     init_seed: int = field(

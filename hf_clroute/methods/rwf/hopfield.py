@@ -19,9 +19,11 @@ at most beta |q_a| |W_K| |dZ| when the tokens move by dZ.
 Frozen W_K, W_V (buffers, never trained). Default init is the identity: with a
 trainable query projection, any fixed invertible W_K is absorbed by W_Q (Q K^T =
 S (W_Q W_K^T) Z^T), and W_V = I makes every prompt a convex mixture of the
-block's own tokens, i.e. an input the frozen attention was trained on. A seeded
-random orthogonal init is offered for both (it preserves norms, so beta keeps
-its meaning).
+block's own tokens, i.e. an input the frozen attention was trained on; routing
+then re-weights the attention but cannot add a direction the tokens lack. A
+seeded random orthogonal init (it preserves norms, so beta keeps its meaning)
+and the block's own pretrained projections are the alternatives; W_V is chosen
+on validation among the three.
 
 Padding: keys marked invalid get no routing weight. Causal LMs: prompts come in
 groups, one group per chunk of ``chunk_size`` positions; group g pools only the
