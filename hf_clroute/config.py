@@ -130,11 +130,52 @@ class CLConfig:
         },
     )
 
+    adaptation: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "First-session adaptation (APER/RanPAC's step), e.g. {'on': 'first_task', 'epochs': 5}: before "
+            "the stream the engine trains the method's adapter with a temporary linear head on the first task "
+            "(or on a split carved from its training data), freezes it, and the statistics head (head='prototype', "
+            "'lda' or 'ranpac', required) then accumulates the whole stream on the adapted features in eval mode. "
+            "Fields: hf_clroute.adaptation.AdaptationConfig. None: no adaptation."
+        },
+    )
+    adaptation_record: dict[str, Any] | None = field(
+        default=None,
+        metadata={
+            "help": "Filled in by the engine after the adaptation ran: {'on', 'task', 'classes', 'examples', "
+            "'epochs'} (what data it saw). Set means done: a reloaded or resumed adapter is not adapted again."
+        },
+    )
+
     def __post_init__(self) -> None:
         if self.scenario not in SCENARIOS:
             raise ValueError(f"{type(self).__name__}.scenario must be one of {SCENARIOS}, got {self.scenario!r}")
         self._check_head()
+        self._check_adaptation()
         self._normalise_labels()
+
+    def _check_adaptation(self) -> None:
+        from .adaptation import AdaptationConfig
+        from .heads import HEAD_KINDS
+
+        name = type(self).__name__
+        statistics = tuple(kind for kind in HEAD_KINDS if kind != "linear")
+        if self.adaptation_record is not None and not isinstance(self.adaptation_record, dict):
+            raise ValueError(f"{name}.adaptation_record must be a dict or None, got {self.adaptation_record!r}")
+        if self.adaptation is None:
+            return
+        # Stored as the validated dict with every field, so adapter_config.json shows what ran.
+        self.adaptation = AdaptationConfig.from_value(self.adaptation, name).to_dict()
+        if self.head not in statistics:
+            raise ValueError(f"{name}.adaptation needs a statistics head (head one of {statistics}), got "
+                             f"head={self.head!r}: the adapted features are read by a closed-form head")
+
+    def adaptation_config(self) -> Any:
+        """``adaptation`` as an :class:`~hf_clroute.adaptation.AdaptationConfig` (None when off)."""
+        from .adaptation import AdaptationConfig
+
+        return None if self.adaptation is None else AdaptationConfig(**self.adaptation)
 
     def _normalise_labels(self) -> None:
         """String keys for ``id2label`` (as JSON has them), ``label2id`` derived or checked against it."""

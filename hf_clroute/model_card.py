@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .adaptation import describe_record
 from .config import CLConfig
 
 
@@ -49,7 +50,8 @@ def history_markdown(config: CLConfig | dict[str, Any]) -> str:
             lines.append(f"- stream `{stream}`:")
         classes = ", ".join(f"{name} (id {i})" for i, name in zip(entry.get("ids", []), entry.get("classes", [])))
         lines.append(f"  - task `{entry.get('task')}`: {classes}")
-    return "\n".join(lines)
+    adaptation = describe_record(_as_dict(config).get("adaptation_record"))
+    return "\n".join(lines + ([f"- {adaptation}"] if adaptation else []))
 
 
 def minimal_card(config: CLConfig, repo_id: str) -> str:

@@ -1,7 +1,9 @@
 """Naive fine-tuning: train the whole backbone and head on each task in turn.
 
 The lower bound of every continual benchmark: nothing protects old tasks, so it
-shows how much a method actually prevents forgetting.
+shows how much a method actually prevents forgetting. ``last_blocks=1`` trains only the
+backbone's last transformer block (and the head): the positive control of first-session
+adaptation (``lastblock-fsa-ranpac``), the module with the most capacity to move the features.
 """
 
 from __future__ import annotations
@@ -28,6 +30,20 @@ class FinetuneConfig(CLConfig):
         default=False,
         metadata={"help": "False trains every backbone weight (naive fine-tuning); True trains the head only."},
     )
+    last_blocks: int = field(
+        default=0,
+        metadata={"help": "Train only the backbone's last N transformer blocks (and the head); 0 = every backbone "
+                          "weight. Needs freeze_backbone=False: the trained blocks are backbone weights, and the "
+                          "adapter saves the backbone's weights whole."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if isinstance(self.last_blocks, bool) or not isinstance(self.last_blocks, int) or self.last_blocks < 0:
+            raise ValueError(f"{type(self).__name__}.last_blocks must be an integer >= 0, got {self.last_blocks!r}")
+        if self.last_blocks and self.freeze_backbone:
+            raise ValueError(f"{type(self).__name__}.last_blocks needs freeze_backbone=False (the blocks it trains "
+                             "are backbone weights)")
 
 
 class Finetune(ContinualMethod):
@@ -35,6 +51,17 @@ class Finetune(ContinualMethod):
 
     config_class = FinetuneConfig
     supported_modalities = ("image", "text", "lm")
+
+    def attach(self, model: "CLModel") -> None:
+        n = self.config.last_blocks
+        if not n:
+            return
+        blocks = get_blocks(model.backbone)
+        if n > len(blocks):
+            raise ValueError(f"FinetuneConfig.last_blocks={n} but the backbone has {len(blocks)} blocks")
+        model.backbone.requires_grad_(False)
+        for block in blocks[-n:]:
+            block.requires_grad_(True)
 
 
 @dataclass

@@ -43,13 +43,19 @@ class FeatureCollator:
 
 @torch.no_grad()
 def encode(backbone: nn.Module, dataset: Dataset, collator: Callable, batch_size: int = 256) -> Dataset:
-    """``dataset`` with its inputs replaced by the frozen backbone's pooled features."""
-    base = get_base_model(backbone).eval()
+    """``dataset`` with its inputs replaced by the frozen backbone's pooled features, computed in eval
+    mode (no dropout) whatever mode the backbone was in; its mode is restored afterwards."""
+    base = get_base_model(backbone)
     spec = get_backbone_spec(base)
+    was_training = base.training
+    base.eval()
     chunks = []
-    for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collator):
-        inputs = model_inputs(batch)
-        chunks.append(pooled_features(spec, base(**inputs), inputs.get("attention_mask")))
+    try:
+        for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collator):
+            inputs = model_inputs(batch)
+            chunks.append(pooled_features(spec, base(**inputs), inputs.get("attention_mask")))
+    finally:
+        base.train(was_training)
     features = torch.cat(chunks) if chunks else torch.zeros(0)
     return Dataset.from_dict({"features": features.numpy(), "label": list(dataset["label"])}).with_format("numpy")
 

@@ -35,18 +35,21 @@ PROBE_BATCH_SIZE = 256
 
 @torch.no_grad()
 def model_features(model, dataset, collator: Callable, limit: int | None = None, batch_size: int = PROBE_BATCH_SIZE):
-    """(features, labels) of ``dataset`` as the model's classifier reads them."""
+    """(features, labels) of ``dataset`` as the model's classifier reads them, in eval mode (no dropout)
+    whatever mode the model was in; its mode is restored afterwards."""
     if limit is not None and len(dataset) > limit:
         dataset = dataset.select(range(limit))
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     feats, labels = [], []
-    for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collator):
-        out = model(**{k: v.to(device) for k, v in model_inputs(batch).items()})
-        feats.append(out.features.float().cpu())
-        labels.append(batch["labels"])
-    model.train(was_training)
+    try:
+        for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collator):
+            out = model(**{k: v.to(device) for k, v in model_inputs(batch).items()})
+            feats.append(out.features.float().cpu())
+            labels.append(batch["labels"])
+    finally:
+        model.train(was_training)
     return torch.cat(feats), torch.cat(labels)
 
 

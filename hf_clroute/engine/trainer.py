@@ -41,6 +41,7 @@ from ..labels import align_stream, copy_labels
 from ..methods.base import StepContext
 from ..model import CLModel
 from ..outputs import CLModelOutput, model_inputs
+from .adaptation import prepare_adaptation, reaccumulate_statistics
 from .callbacks import Callback
 from .checkpoint import find_checkpoint, read_state, save_checkpoint
 from .evaluation import EvalCache, EvalTimer, batch_bytes, evaluate_experience, feature_batches, test_loader
@@ -49,7 +50,7 @@ from .loading import seed_worker, training_loader
 #: StreamResult fields a checkpoint carries, so a resumed run reports the whole stream.
 RESUMABLE_FIELDS = (
     "accuracy_matrix", "untrained_accuracy", "anytime", "train_samples", "train_seconds",
-    "global_step", "completed_tasks", "records",
+    "global_step", "completed_tasks", "records", "params",
 )
 
 
@@ -164,7 +165,9 @@ class StreamResult:
     completed_tasks: int = 0
     finished: bool = False
     peak_mem_mb: float = 0.0
-    params: dict[str, float] = field(default_factory=dict)
+    # trainable parameters as trained: the maximum over the run ("trainable_params", "trainable_pct"),
+    # and "phases": the count from each phase on where it changed ("adaptation", "task 0", "task 1"...)
+    params: dict[str, Any] = field(default_factory=dict)
     records: dict[str, Any] = field(default_factory=dict)  # callbacks' records, by callback name
 
     @property
@@ -303,13 +306,14 @@ class ContinualTrainer:
         if cfg.log_with:
             accelerator.init_trackers("hf_clroute", config={"training": asdict(cfg), "method": self.model.config.to_dict()})
         start_task = self._resume(resume_from) if resume_from else 0
-        if not self.result.untrained_accuracy:
+        if not self.result.untrained_accuracy:  # b_j: the model before any training, adaptation included
             self.result.untrained_accuracy = self._untrained_accuracy()
+        prepare_adaptation(self)  # first-session adaptation, when configured (engine/adaptation.py)
         for task_id in range(start_task, len(self.stream)):
             if not self._train_experience(task_id):
                 break  # stopped by stop_after_steps; resumable from the last checkpoint
         self.result.finished = self.result.completed_tasks == len(self.stream)
-        self.result.params = self.model.parameter_counts()
+        self.result.params = self._trained_parameter_counts()
         self.result.peak_mem_mb = peak_memory_mb(accelerator.device)
         self.result.eval_samples, self.result.eval_seconds = self.timer.samples, self.timer.seconds
         if cfg.log_with:
@@ -366,6 +370,7 @@ class ContinualTrainer:
         model.begin_task(experience, self.context(task_id))
 
         trainable = model.trainable_parameters()
+        self.note_trainable(f"task {task_id}", trainable)
         data = model.method.training_stream(experience, self.stream[: task_id + 1], cfg.epochs)
         if trainable:
             optimizer = self._optimizer(trainable)
@@ -384,9 +389,11 @@ class ContinualTrainer:
         bar = tqdm(loader, desc=f"task {task_id} ({experience.name})", disable=not show, leave=False)
         # Every module in train mode once per task (a hook or the bench's feature encoder may have put a
         # submodule in eval mode); per step only the model's own flag is checked. A statistics-only pass
-        # keeps the mode it has: no dropout while counting.
+        # runs every module in eval mode, whatever trained before: no dropout while counting.
         if stepped is not None:
             train_model.train()
+        else:
+            model.eval()
         for batch in bar:
             started = time.perf_counter()
             out = self._step(train_model, stepped, trainable, batch)
@@ -408,6 +415,8 @@ class ContinualTrainer:
                 return False
 
         model.end_task(experience, self.context(task_id))
+        if trainable and not model.trainable_parameters():  # the adapter froze: statistics under it alone
+            reaccumulate_statistics(self, task_id)
         self.result.accuracy_matrix.append(self.evaluate_row(task_id))
         if cfg.evals_per_task:  # the task's last anytime point is its boundary row over the seen tasks
             seen = self.result.accuracy_matrix[-1][: task_id + 1]
@@ -443,6 +452,22 @@ class ContinualTrainer:
         if cfg.optimizer == "sgd":
             return torch.optim.SGD(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
         return torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+
+    def note_trainable(self, phase: str, params: Sequence[torch.nn.Parameter]) -> None:
+        """Record the trainable count of ``phase`` (e.g. "adaptation", "task 0") when it differs from the last one."""
+        count = sum(p.numel() for p in params)
+        phases = self.result.params.setdefault("phases", {})
+        if not phases or list(phases.values())[-1] != count:
+            phases[phase] = count
+
+    def _trained_parameter_counts(self) -> dict[str, Any]:
+        """``parameter_counts`` with the trainable count taken as the largest of the run's phases (what
+        trained, not what is still trainable at the end, after routers or an adapter froze)."""
+        counts = self.model.parameter_counts()
+        phases = self.result.params.get("phases") or {}
+        trained = max([counts["trainable_params"], *phases.values()])
+        return {**counts, "trainable_params": trained,
+                "trainable_pct": 100.0 * trained / max(counts["backbone_params"], 1), "phases": dict(phases)}
 
     def _count_train(self, batch: dict[str, torch.Tensor], seconds: float) -> None:
         # Every process counts the global batch it took part in; the same on 1 or N.
@@ -539,9 +564,11 @@ class ContinualTrainer:
         state = read_state(path)
         self._check_same_run(state.get("run", {}), path)
         self.model.load_adapter_weights(path / "adapter", source=str(path))
-        copy_labels(CLConfig.from_pretrained(path / "adapter"), self.model.config)  # the classes met before the stop
+        saved = CLConfig.from_pretrained(path / "adapter")
+        copy_labels(saved, self.model.config)  # the classes met before the stop
+        self.model.config.adaptation_record = saved.adaptation_record  # adapted before the stop: not again
         for key in RESUMABLE_FIELDS:
-            setattr(self.result, key, state[key])
+            setattr(self.result, key, state.get(key, getattr(self.result, key)))
         self.timer.samples, self.timer.seconds = state["eval_samples"], state["eval_seconds"]
         self._step_in_task = state["step_in_task"]
         self._resume_dir = path

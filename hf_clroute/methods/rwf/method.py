@@ -10,7 +10,14 @@ cross-entropy over the current task's classes (``current_task_loss``: the base
 method's loss, on by default for RwF).
 
 ``train_routers_for_tasks`` stops the routers' training after the first N tasks
-(then only the head learns, or nothing, with a statistics head). ``track()``
+(then only the head learns, or nothing, with a statistics head). With a statistics
+head the statistics gathered while the routers moved mix many router states: at the
+task end where the routers freeze, the engine resets the head and reads the seen
+tasks' training streams again under the frozen routers, in eval mode
+(``engine.adaptation.reaccumulate_statistics``). The cleaner protocol is first-session
+adaptation (``adaptation={"on": "first_task", ...}``): the routers train with a
+temporary linear head before the stream, freeze, and the statistics head reads the
+whole stream from step 0 (``rwf-fsa-slda``, ``rwf-fsa-ranpac``). ``track()``
 records each router's routing health (entropy, top weight, how often a prompt
 picks the same token) over the forwards run inside it.
 """
