@@ -147,11 +147,20 @@ def test_tune_picks_on_validation_and_bench_trains_with_the_pick(tiny_suite, tmp
     path = tmp_path / "tiny-val.json"
     path.write_text(json.dumps(data))
     suite = SuiteConfig.load(str(path))
-    monkeypatch.setattr(tuning, "LEARNING_RATES", (1e-4, 1e-2))  # keep the test small; the grid shape is what is tested
+    # keep the test small (2 learning rates, one weight decay, one extension); the rule is tested in test_tune.py
+    monkeypatch.setattr(tuning, "LEARNING_RATES", (1e-4, 1e-2))
+    monkeypatch.setattr(tuning, "BUDGET", 2)
+    monkeypatch.setattr(tuning, "WEIGHT_DECAYS", (0.0,))
+    monkeypatch.setattr(tuning, "MAX_EXTENSIONS", 1)
     selection = tuning.tune(suite, ["finetune", "ncm"], tmp_path / "tuned")
     record = selection["methods"]["finetune"]
     assert [p["training.learning_rate"] for p in record["grid"]] == [1e-4, 1e-2]
-    assert record["pick"] == record["grid"][max(range(2), key=lambda i: (record["validation_A_T"][i], -i))]
+    # With two rates every pick is on an edge: one extension ran, a step past the picked edge.
+    [extension] = record["extensions"]
+    assert extension["point"]["training.learning_rate"] in (1e-6, 1.0) and extension["axis"] == "training.learning_rate"
+    runs = [*record["grid"], extension["point"]]
+    scores = [*record["validation_A_T"], extension["validation_A_T"]]
+    assert record["pick"] == runs[max(range(3), key=lambda i: (scores[i], -i))]
     assert selection["methods"]["ncm"]["grid"] == [{}]  # nothing to train: no learning rate to search
     results = run_classification(str(path), methods=["finetune"], seeds=[0], quick=False, out=tmp_path / "run",
                                  progress=False, selection=tmp_path / "tuned" / "selection.json")
@@ -162,10 +171,11 @@ def test_tune_picks_on_validation_and_bench_trains_with_the_pick(tiny_suite, tmp
     assert row["FWT"] is None  # class-incremental: undefined, not a number
 
 
-def test_search_budget_is_bounded():
-    from hf_clroute.bench.tune import LEARNING_RATES, search_grid
+def test_search_budget_is_the_same_for_every_method():
+    from hf_clroute.bench.tune import BUDGET, search_grid
 
-    assert len(search_grid("rwf", trains=True)) == len(LEARNING_RATES)
+    assert len(search_grid("rwf", trains=True)) == BUDGET
+    assert len(search_grid("finetune", trains=True)) == BUDGET  # no knob of its own: weight decay
     assert search_grid("ncm", trains=False) == [{}]
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hf_clroute.bench.report import write_benchmarks
 
 
@@ -47,16 +49,99 @@ def test_a_study_sharing_no_method_with_its_base_gets_no_empty_table():
     assert "| ncm | 50.0 ± 1.0 | 50.0 ± 1.0 | +0.0 |" in table
 
 
+def _row(per_seed: list[float], edge: bool | None = None) -> dict:
+    """A method's results row from its per-seed A_T (seeds 0, 1, ...)."""
+    mean = sum(per_seed) / len(per_seed)
+    std = (sum((v - mean) ** 2 for v in per_seed) / max(len(per_seed) - 1, 1)) ** 0.5
+    row = {"A_T": {"mean": mean, "std": std}, "per_seed": [{"seed": i, "A_T": v} for i, v in enumerate(per_seed)]}
+    if edge is not None:
+        row["selection"] = {"edge": edge}
+    return row
+
+
 def test_the_controls_table_names_its_upper_bound_joint_else_joint_frozen():
     from hf_clroute.bench.report import controls_table
 
-    def row(a_t: float) -> dict:
-        return {"A_T": {"mean": a_t, "std": 0.01}}
-
-    rows = {"rwf": row(0.5), "rwf-head-only": row(0.52), "slda": row(0.9), "joint-frozen": row(0.85)}
+    rows = {"rwf": _row([0.5] * 5), "rwf-head-only": _row([0.52] * 5), "slda": _row([0.9] * 5),
+            "joint-frozen": _row([0.85] * 5)}
     table = controls_table({"mnist": rows})
-    assert "| rwf | 50.0 ± 1.0 | rwf-head-only | 52.0 ± 1.0 | -2.0 worse (std 1.0) | slda |" in table
-    assert table.rstrip().endswith("| joint-frozen 85.0 ± 1.0 |")
-    table = controls_table({"mnist": rows | {"joint": row(0.95)}})
-    assert table.rstrip().endswith("| joint 95.0 ± 1.0 |")
-    assert controls_table({"mnist": {"rwf": row(0.5), "rwf-head-only": row(0.5)}}).rstrip().endswith("| — |")
+    assert "| rwf | 50.0 ± 0.0 | n/a | rwf-head-only | 52.0 ± 0.0 | -2.0 ± 0.0 (0 of 5, p 0): worse | slda |" in table
+    assert table.rstrip().endswith("| joint-frozen 85.0 ± 0.0 |")
+    table = controls_table({"mnist": rows | {"joint": _row([0.95] * 5, edge=True)}})
+    assert table.rstrip().endswith("| joint† 95.0 ± 0.0 |")  # an edge pick is marked wherever it is shown
+    assert controls_table({"mnist": {"rwf": _row([0.5]), "rwf-head-only": _row([0.5])}}).rstrip().endswith("| — |")
+
+
+def test_paired_verdicts_use_the_seeds_both_ran():
+    from scipy import stats
+
+    from hf_clroute.metrics.aggregate import paired_difference
+
+    method = {0: 0.61, 1: 0.58, 2: 0.64, 3: 0.60, 4: 0.63, 7: 0.9}  # seed 7: the control never ran it
+    control = {0: 0.57, 1: 0.56, 2: 0.60, 3: 0.59, 4: 0.58, 5: 0.1}
+    paired = paired_difference(method, control)
+    diffs = [method[s] - control[s] for s in range(5)]
+    reference = stats.ttest_rel([method[s] for s in range(5)], [control[s] for s in range(5)])
+    assert paired["seeds"] == [0, 1, 2, 3, 4] and paired["n"] == 5 and paired["wins"] == 5
+    assert paired["mean"] == pytest.approx(sum(diffs) / 5)
+    assert paired["t"] == pytest.approx(reference.statistic) and paired["p"] == pytest.approx(reference.pvalue)
+    assert paired["p"] < 0.05 and paired["verdict"] == "better"
+    assert paired_difference(control, method)["verdict"] == "worse"
+    # Differences of both signs: a tie, though the means differ; fewer than 5 seeds: no verdict.
+    noisy = {s: control[s] + d for s, d in zip(range(5), (0.03, -0.02, 0.04, -0.03, 0.01), strict=True)}
+    assert paired_difference(noisy, control)["verdict"] == "tie"
+    three = paired_difference({s: method[s] for s in range(3)}, control)
+    assert three["verdict"] == "too few seeds" and three["n"] == 3 and three["p"] < 0.05
+    assert paired_difference({9: 0.5}, control) is None
+    # The exact t distribution for every degree of freedom a seed count gives.
+    from hf_clroute.metrics.aggregate import binomial_se, t_two_sided_p
+
+    for df in range(1, 12):
+        for t in (0.0, 0.7, 2.2, -5.0):
+            assert t_two_sided_p(t, df) == pytest.approx(2 * stats.t.sf(abs(t), df), abs=1e-12)
+    assert binomial_se(0.5, 400) == pytest.approx(0.025)
+
+
+def test_results_markdown_shows_se_edge_marks_and_paired_verdicts():
+    from hf_clroute.bench.classification import results_markdown, with_verdicts
+
+    def method(per_seed: list[float], edge: bool | None = None) -> dict:
+        stat = {"mean": 0.5, "std": 0.0}
+        return {**_row(per_seed, edge), "features_cached": False, "trainable_pct": 1.0, "peak_mem_mb": 1.0,
+                "train_samples_per_s": stat, "infer_samples_per_s": stat}
+
+    results = {"suite": "mnist", "seeds": [0, 1, 2, 3, 4], "test_size": 2000, "methods": {
+        "rwf": method([0.50, 0.51, 0.49, 0.50, 0.52], edge=True),
+        "rwf-head-only": method([0.55, 0.54, 0.56, 0.53, 0.55], edge=False),
+        "slda": method([0.60, 0.61, 0.59, 0.60, 0.62])}}
+    with_verdicts(results)
+    verdicts = results["methods"]["rwf"]["verdicts"]
+    assert verdicts["control"] == "rwf-head-only" and verdicts["vs_control"]["verdict"] == "worse"
+    assert verdicts["statistics_head"] == "slda" and verdicts["vs_statistics_head"]["wins"] == 0
+    assert results["methods"]["slda"]["verdicts"]["statistics_head"] is None  # not set against itself
+    table = results_markdown(results)
+    assert "| rwf† | 50.4 ± 1.1 | 1.1 |" in table  # SE = sqrt(.504 * .496 / 2000)
+    assert "| rwf-head-only | 54.6 ± 1.1 | 1.1 |" in table  # edge false: no mark
+    assert "| rwf | rwf-head-only | -4.2 ± 1.8 (0 of 5, p 0.0" in table and "): worse | slda | -10.0 ± 0.0" in table
+    # A results.json written before these fields existed: n/a, no crash.
+    old = {"suite": "mnist", "seeds": [0], "methods": {"rwf": method([0.5]), "rwf-head-only": method([0.55])}}
+    table = results_markdown(old)
+    assert "| rwf | 50.0 ± 0.0 | n/a |" in table and "(0 of 1): too few seeds" in table
+
+
+def test_report_runs_over_the_committed_results(tmp_path, monkeypatch):
+    """The committed results.json files (written before paired verdicts, SE and edge flags) still report."""
+    import shutil
+    from pathlib import Path
+
+    import hf_clroute.bench.plots
+
+    monkeypatch.setattr(hf_clroute.bench.plots, "write_plots", lambda results, out: None)
+    committed = Path(__file__).resolve().parents[1] / "results"
+    for results_file in committed.glob("*/results.json"):
+        (tmp_path / results_file.parent.name).mkdir()
+        for name in ("results.json", "results.md"):
+            shutil.copy(results_file.parent / name, tmp_path / results_file.parent.name / name)
+    page = write_benchmarks(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
+    if (committed / "split-mnist" / "results.json").is_file():
+        assert "### split-mnist" in page and "method − control" in page

@@ -24,6 +24,7 @@ from ..metrics import aggregate_runs, mean_std, summarize
 from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
+from .report import PAIRED_NOTE, comparisons, edge_mark, paired_cell, se_cell
 from .probes import ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
 from .results import write_run
@@ -171,9 +172,11 @@ def run_bench(
     else:
         cached = {m for m in methods if uses_cached_features(suite, m, probe_backbone)}
     del probe_backbone
+    test_size = None
     for seed in seeds:
         backbone, collator = load_suite_backbone(suite)
         stream = decode_stream_if_small(build_stream(suite, seed), collator)  # once for every method of the seed
+        test_size = test_size or sum(len(e.test) for e in stream)  # the same test set for every seed
         reference.append(backbone_throughput(backbone, stream[0], collator, resolve_run(suite, "finetune", seed).training.batch_size))
         feature_stream, cache_s = cache_stream_features(backbone, stream, collator) if cached else (None, 0.0)
         for method in methods:
@@ -189,6 +192,9 @@ def run_bench(
             )
             row = summarize_result(result, suite.scenario)
             row["wall_s"] = time.perf_counter() - started + (cache_s if use_cache else 0.0)
+            solved = getattr(model.head, "solved_lambda", None)  # a ridge head: the lambda its last solve used
+            if solved is not None:
+                row["ridge_lambda"] = solved
             runs[method].append(seed_row(seed, result, row, method_curves(model)))
             if seed == seeds[0]:
                 settings_by_method[method] = settings.to_dict()
@@ -204,12 +210,13 @@ def run_bench(
         "commands": [command],
         "config": {k: v for k, v in dataclasses.asdict(suite).items() if k != "quick"},
         "reference": {"bare_backbone": aggregate_runs(reference), "per_seed": reference},
+        "test_size": test_size,
         **({"from_adapter": str(from_adapter)} if from_adapter else {}),
         "methods": {m: {**aggregate_method(r), "features_cached": m in cached, "settings": settings_by_method[m],
                         "selection": selection.get(m)}
                     for m, r in runs.items()},
     }
-    results = merge_previous(out / "results.json", results) if merge else results
+    results = with_verdicts(merge_previous(out / "results.json", results) if merge else results)
     write_run(out, results, results_markdown(results))
     write_plots(results, out / "plots")
     return results
@@ -235,13 +242,22 @@ def merge_results(previous: dict, results: dict) -> dict:
         methods[name] = {**aggregate_method(old_rows + row["per_seed"]), "features_cached": row["features_cached"],
                          "settings": row.get("settings"), "selection": row.get("selection")}
     reference = [r for r in previous.get("reference", {}).get("per_seed", [])] + results["reference"]["per_seed"]
-    return {
+    return with_verdicts({
         **results,
         "seeds": sorted(set(previous["seeds"]) | set(results["seeds"])),
         "methods": methods,
         "reference": {"bare_backbone": aggregate_runs([r for r in reference if r]), "per_seed": reference},
         "commands": previous.get("commands", []) + results["commands"],
-    }
+        "test_size": results.get("test_size") or previous.get("test_size"),
+    })
+
+
+def with_verdicts(results: dict) -> dict:
+    """``results`` with each method's paired verdicts against its control and the suite's best statistics
+    head (``methods.<m>.verdicts``, see ``report.comparisons``), recomputed from the per-seed rows."""
+    for method, verdicts in comparisons(results["methods"]).items():
+        results["methods"][method]["verdicts"] = verdicts
+    return results
 
 
 def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick: bool, out: str | Path,
@@ -337,20 +353,39 @@ def results_markdown(results: dict) -> str:
         "FWT is undefined (—) in class-incremental runs: the next task's classes are unreachable. "
         "Deep F: forgetting of a linear probe over all classes seen so far, on the features the method "
         "classifies from (the head's own forgetting is −BWT); probe A_T: that probe's final average accuracy.\n\n"
-        "| method | A_T | F_T | Ā | BWT | FWT | A_AUC | deep F | probe A_T | trainable % | train/s | infer/s | peak MB |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "SE: the test-sampling standard error of A_T (binomial, sqrt(p (1 - p) / N_test) on the fixed test set "
+        f"of {results.get('test_size') or 'n/a'} examples). † : the pick is still on the edge of its search grid "
+        "after extension (selection.json).\n\n"
+        "| method | A_T | SE | F_T | Ā | BWT | FWT | A_AUC | deep F | probe A_T | trainable % | train/s | infer/s "
+        "| peak MB |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     rows = []
     for name, m in results["methods"].items():
-        metrics = " | ".join(_fmt(m.get(k)) for k in METRIC_KEYS + PROBE_KEYS[:2])
+        metrics = " | ".join(_fmt(m.get(k)) for k in METRIC_KEYS[1:] + PROBE_KEYS[:2])
         speed = f"{_fmt(m['train_samples_per_s'], 1, 0)} | {_fmt(m['infer_samples_per_s'], 1, 0)}"
-        label = f"{name}*" if m.get("features_cached") else name
-        rows.append(f"| {label} | {metrics} | {m['trainable_pct']:.2f} | {speed} | {m['peak_mem_mb']:.0f} |")
+        label = f"{name}{'*' if m.get('features_cached') else ''}{edge_mark(m)}"
+        rows.append(f"| {label} | {_fmt(m.get('A_T'))} | {se_cell(m, results.get('test_size'))} | {metrics} | "
+                    f"{m['trainable_pct']:.2f} | {speed} | {m['peak_mem_mb']:.0f} |")
     bare = results.get("reference", {}).get("bare_backbone", {})
     if bare:
         speed = f"{_fmt(bare.get('train_samples_per_s'), 1, 0)} | {_fmt(bare.get('infer_samples_per_s'), 1, 0)}"
-        rows.append(f"| *bare backbone (fwd+bwd / fwd)* | | | | | | | | | 100.00 | {speed} | |")
-    return head + "\n".join(rows) + "\n" + routing_markdown(results)
+        rows.append(f"| *bare backbone (fwd+bwd / fwd)* | | | | | | | | | | 100.00 | {speed} | |")
+    return head + "\n".join(rows) + "\n" + verdicts_markdown(results) + routing_markdown(results)
+
+
+def verdicts_markdown(results: dict) -> str:
+    """Paired per-seed differences of A_T: each method against its control and the best statistics head."""
+    compared = comparisons(results["methods"])
+    shown = {m: c for m, c in compared.items() if c["control"] or c["statistics_head"]}
+    if not shown:
+        return ""
+    lines = ["", "Paired verdicts. " + PAIRED_NOTE, "",
+             "| method | control | method − control | best statistics head | method − head |", "|---|---|---|---|---|"]
+    lines += [f"| {m} | {c['control'] or '—'} | {paired_cell(c['vs_control']) if c['control'] else '—'} | "
+              f"{c['statistics_head'] or '—'} | "
+              f"{paired_cell(c['vs_statistics_head']) if c['statistics_head'] else '—'} |" for m, c in shown.items()]
+    return "\n".join(lines) + "\n"
 
 
 def routing_markdown(results: dict) -> str:

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from ..io import atomic_write_text
+from ..metrics.aggregate import MIN_PAIRED_SEEDS, binomial_se, paired_difference
 from .settings import method_file, registered_method
 
 #: closed-form class-statistics heads on frozen features: the strongest simple baselines.
@@ -36,6 +37,7 @@ def write_benchmarks(results_root: Path, out: Path) -> Path:
 
     runs = {path: json.loads(path.read_text()) for path in sorted(results_root.glob("*/results.json"))}
     classification = {r["suite"]: r["methods"] for r in runs.values() if "reference" in r}
+    test_sizes = {r["suite"]: r.get("test_size") for r in runs.values() if "reference" in r}
     sections = []
     for results_file, results in runs.items():
         if "reference" in results:  # a classification bench run (other runners draw their own plots)
@@ -50,7 +52,8 @@ def write_benchmarks(results_root: Path, out: Path) -> Path:
         sections.append(
             f"## {results['suite']}\n\n```bash\n{command}\n```\n\n{table}\n" + (f"\nPlots: {links}\n" if links else "")
         )
-    page = HEADER + controls_table(classification) + summary_table(classification) + study_tables(classification)
+    page = (HEADER + controls_table(classification, test_sizes) + summary_table(classification)
+            + study_tables(classification))
     atomic_write_text(out, page + "\n".join(sections))
     return out
 
@@ -93,50 +96,109 @@ def summary_table(every: dict[str, dict]) -> str:
     methods = sorted({m for rows in suites.values() for m in rows})
     lines = [
         "## Summary: final average accuracy A_T (%) on the classification suites\n",
+        "† : the pick is still on the edge of its search grid after extension.\n",
         "| method | " + " | ".join(suites) + " |",
         "|---|" + "---|" * len(suites),
     ]
     for method in methods:
-        cells = [_a_t(rows.get(method)) for rows in suites.values()]
+        cells = [_a_t(rows.get(method)) + edge_mark(rows.get(method)) for rows in suites.values()]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n"
 
 
-def _compare(a: dict, b: dict) -> tuple[str, str]:
-    """(difference in points, whether it exceeds the larger of the two stds)."""
-    diff = (a["A_T"]["mean"] - b["A_T"]["mean"]) * 100
-    larger = max(a["A_T"]["std"], b["A_T"]["std"]) * 100
-    verdict = ("better" if diff > 0 else "worse") if abs(diff) > larger else "tie"
-    return f"{diff:+.1f}", f"{verdict} (std {larger:.1f})"
+def best_statistics_head(rows: dict[str, dict]) -> str | None:
+    """The class-statistics head (simplecil/ncm, slda, ranpac or a variant) with the best mean A_T."""
+    heads = [m for m in rows if is_statistics_head(m) and rows[m].get("A_T")]
+    return max(heads, key=lambda m: rows[m]["A_T"]["mean"]) if heads else None
 
 
-def controls_table(every: dict[str, dict]) -> str:
+def is_statistics_head(method: str) -> bool:
+    return method in STATISTICS_HEADS or registered_method(method) in STATISTICS_HEADS
+
+
+def _per_seed_a_t(row: dict) -> dict[int, float]:
+    return {r["seed"]: r["A_T"] for r in row.get("per_seed", []) if r.get("A_T") is not None}
+
+
+def comparisons(rows: dict[str, dict]) -> dict[str, dict]:
+    """Per method: paired per-seed differences of A_T against its control (``"control"`` in its settings
+    file) and against the suite's best statistics head (see ``paired_difference``); a missing partner is None."""
+    head = best_statistics_head(rows)
+    out = {}
+    for method, row in rows.items():
+        control = method_file(method).get("control")
+        control = control if control in rows else None
+        against_head = head if head and not is_statistics_head(method) else None
+        out[method] = {
+            "control": control,
+            "vs_control": paired_difference(_per_seed_a_t(row), _per_seed_a_t(rows[control])) if control else None,
+            "statistics_head": against_head,
+            "vs_statistics_head": (paired_difference(_per_seed_a_t(row), _per_seed_a_t(rows[against_head]))
+                                   if against_head else None),
+        }
+    return out
+
+
+def paired_cell(paired: dict | None) -> str:
+    """``+1.2 ± 0.8 (4 of 5, p 0.03): better`` in points; "n/a" without shared seeds."""
+    if not paired:
+        return "n/a"
+    p = "" if paired["p"] is None else f", p {paired['p']:.2g}"
+    return (f"{paired['mean'] * 100:+.1f} ± {paired['std'] * 100:.1f} ({paired['wins']} of {paired['n']}{p}): "
+            f"{paired['verdict']}")
+
+
+def edge_mark(row: dict | None) -> str:
+    """"†" for a pick still on the edge of its grid after extension (selection.json's ``edge``)."""
+    return "†" if ((row or {}).get("selection") or {}).get("edge") else ""
+
+
+def se_cell(row: dict | None, test_size: int | None) -> str:
+    """Test-sampling SE of A_T in points, sqrt(p (1 - p) / N_test); "n/a" where N_test was not recorded."""
+    stat = (row or {}).get("A_T")
+    if not stat or not test_size:
+        return "n/a"
+    return f"{binomial_se(stat['mean'], test_size) * 100:.1f}"
+
+
+PAIRED_NOTE = ("Paired differences are taken seed by seed (a method and its partner share each seed's stream and "
+               "test set): mean ± std of the difference in points, the number of seeds where the method is "
+               f"higher of those both ran, the two-sided p of the paired t test; the verdict is better/worse at "
+               f"p < 0.05 with at least {MIN_PAIRED_SEEDS} seeds, tie otherwise, and \"too few seeds\" below "
+               f"{MIN_PAIRED_SEEDS}. SE: the test-sampling standard error of A_T, sqrt(p (1 - p) / N_test) with "
+               "N_test the suite's fixed test set (binomial; it leaves out the seed-to-seed spread that the std "
+               "shows). † : the pick is still on the edge of its search grid after extension (selection.json).")
+
+
+def controls_table(every: dict[str, dict], test_sizes: dict[str, int | None] | None = None) -> str:
     """Each method beside its control (the same head and loss without the method's own part, named by
-    ``"control"`` in its settings file) and beside the best class-statistics head, per suite."""
+    ``"control"`` in its settings file) and beside the best class-statistics head, per suite: paired verdicts."""
     suites = {name: rows for name, rows in every.items() if not any(name.startswith(other + "-") for other in every)}
     lines = []
     for suite, rows in suites.items():
-        stats = [m for m in rows if m in STATISTICS_HEADS or registered_method(m) in STATISTICS_HEADS]
-        best = max(stats, key=lambda m: rows[m]["A_T"]["mean"]) if stats else None
-        compared = [m for m in rows if method_file(m).get("control") in rows]
-        if not compared:
+        compared = comparisons(rows)
+        shown = [m for m, c in compared.items() if c["control"]]
+        if not shown:
             continue
-        lines += [f"### {suite}\n",
-                  "| method | A_T | control | control A_T | method − control | best statistics head | its A_T | "
-                  "method − head | upper bound |", "|---|---|---|---|---|---|---|---|---|"]
+        n_test = (test_sizes or {}).get(suite)
         bound = next((m for m in UPPER_BOUNDS if m in rows), None)
-        for method in compared:
-            control = method_file(method)["control"]
-            diff, verdict = _compare(rows[method], rows[control])
-            vs_head = " ".join(_compare(rows[method], rows[best])) if best else "—"
-            lines.append(f"| {method} | {_a_t(rows[method])} | {control} | {_a_t(rows[control])} | {diff} {verdict} | "
-                         f"{best or '—'} | {_a_t(rows.get(best))} | {vs_head} | "
-                         f"{f'{bound} {_a_t(rows[bound])}' if bound else '—'} |")
+        lines += [f"### {suite}\n",
+                  "| method | A_T | SE | control | control A_T | method − control | best statistics head | its A_T | "
+                  "method − head | upper bound |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for method in shown:
+            c = compared[method]
+            head = c["statistics_head"]
+            lines.append(
+                f"| {method}{edge_mark(rows[method])} | {_a_t(rows[method])} | {se_cell(rows[method], n_test)} | "
+                f"{c['control']}{edge_mark(rows[c['control']])} | {_a_t(rows[c['control']])} | "
+                f"{paired_cell(c['vs_control'])} | {head or '—'} | {_a_t(rows.get(head))} | "
+                f"{paired_cell(c['vs_statistics_head']) if head else '—'} | "
+                f"{f'{bound}{edge_mark(rows[bound])} {_a_t(rows[bound])}' if bound else '—'} |")
         lines.append("")
     if not lines:
         return ""
     intro = ("## Methods against their controls and the strongest simple baseline\n\n"
-             "A_T (%), mean ± std over seeds. A difference is a win or a loss only when it exceeds the larger "
-             "of the two stds; otherwise it is a tie. The upper bound is joint training of the whole model, or, "
-             "where that was not run, joint training of a head on the frozen backbone (`joint-frozen`).\n\n")
+             "A_T (%), mean ± std over seeds. " + PAIRED_NOTE + " The upper bound is joint training of the whole "
+             "model, or, where that was not run, joint training of a head on the frozen backbone (`joint-frozen`), "
+             "each at the epochs chosen on validation.\n\n")
     return intro + "\n".join(lines) + "\n"

@@ -155,12 +155,15 @@ def unflatten(values: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return layer
 
 
-def method_search(method: str) -> dict[str, list[Any]]:
-    """The method's own tuning knobs (``"search"`` in its settings file; a variant inherits its method's)."""
+def method_search(method: str) -> dict[str, Any]:
+    """The method's own tuning knobs (``"search"`` in its settings file: axes, or ``"points"``). A variant
+    without a ``"search"`` inherits its method's; one with its own searches that alone (it replaces, so a
+    variant can change the knobs and still keep the search budget of ``hf-clroute tune``)."""
     data = method_file(method)
     registered = data.get("method", method)
-    inherited = method_search(registered) if registered != method else {}
-    return {**inherited, **data.get("search", {})}
+    if "search" in data or registered == method:
+        return dict(data.get("search", {}))
+    return method_search(registered)
 
 
 def load_selection(path: str | Path, suite: Any) -> dict[str, Any]:

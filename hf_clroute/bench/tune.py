@@ -1,13 +1,28 @@
 """`hf-clroute tune`: choose each method's hyper-parameters on the validation split, never on test.
 
-Every gradient-trained method searches the same learning rates (``LEARNING_RATES``)
-times at most two knobs of its own (``"search"`` in its settings file); a method with
-nothing to train searches its knobs alone. At most ``MAX_CONFIGS`` configurations
-per method, one seed (``seed``, default 0). Each configuration runs the suite's
-stream with every test split replaced by the validation split carved from the
-training data (``validation_per_class``), and the configuration with the best
-validation A_T is picked (ties: the first in grid order). ``selection.json``
-records the grid, every validation score and the pick; ``hf-clroute bench
+One search rule for every method, so no method wins by a larger search:
+
+* **The same budget.** Every method runs exactly ``BUDGET`` (12) configurations before
+  extension. A gradient-trained method searches the learning rates ``LEARNING_RATES``
+  times exactly ``BUDGET / len(LEARNING_RATES)`` (4) points of at most ``MAX_KNOBS`` (2)
+  knobs of its own (``"search"`` in its settings file); one with no knob of its own
+  searches the weight decays ``WEIGHT_DECAYS``. A method with nothing to train searches
+  12 points of its own knobs; one with no knob at all (NCM) has one configuration.
+* **Edges extend.** A numeric pick on the edge of its axis (the learning rate, or a
+  knob such as ``k`` or ``head_options.ridge_lambda``) extends that axis one geometric
+  step past the edge (the ratio of the edge to its neighbour; the other axes at the
+  pick) and runs it; repeated up to ``MAX_EXTENSIONS`` (3) runs per method. A pick still
+  on an edge after that, or at the end of its axis's valid range, is flagged
+  (``"edge": true`` and which axis); the tables mark it.
+
+``"search"`` is either axes whose product gives the points (``{"config.k": [1, 5]}``) or
+explicit points (``{"points": [{"config.a": 1, "config.b": "x"}, ...]}``); a dict value
+(``"config.head_options": [{...}]``) or a dotted key (``"config.head_options.shrinkage"``)
+sets fields inside a dict field, over the method's own value for the suite. Each
+configuration runs the suite's stream with every test split replaced by the validation
+split carved from the training data (``validation_per_class``), one seed (``seed``,
+default 0); the best validation A_T is picked (ties: the first run). ``selection.json``
+records the grid, every score, every extension and the pick; ``hf-clroute bench
 --selection`` trains with the picks and copies the record into results.json.
 """
 
@@ -18,6 +33,7 @@ import dataclasses
 import itertools
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +46,153 @@ from .feature_cache import FeatureCollator, cache_stream_features
 from .settings import method_search, resolve_run
 from .suites import SuiteConfig, build_stream, load_suite_backbone
 
-LEARNING_RATES = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
-MAX_CONFIGS = 12
+# The committed picks of the earlier 1e-4 .. 1e-2 grid sat at both ends: full-backbone methods at
+# 1e-4, frozen-backbone heads at 1e-2 (or 3e-3). Centred on 1e-3, both ends are one extension step
+# past this grid's edges, and three steps reach 3e-5 and 3e-2.
+LEARNING_RATES = (3e-4, 1e-3, 3e-3)
+BUDGET = 12
 MAX_KNOBS = 2
+MAX_EXTENSIONS = 3
+# AdamW's decoupled decay, from negligible to strong over a task's few hundred steps.
+WEIGHT_DECAYS = (1e-3, 1e-2, 1e-1, 1.0)
+
+Point = dict[str, Any]
 
 
-def search_grid(method: str, trains: bool) -> list[dict[str, Any]]:
-    """The configurations ``method`` is tried with, as flat ``{"training.x" | "config.x": value}`` points."""
-    knobs = method_search(method)
+def _flat(point: Point, method: str) -> Point:
+    """``{"config.head_options": {"k": v}}`` -> ``{"config.head_options.k": v}``; keys are checked."""
+    flat: Point = {}
+    for key, value in point.items():
+        if key.partition(".")[0] not in ("config", "training") or not key.partition(".")[2]:
+            raise ValueError(f"method {method!r}: search key {key!r} must be 'config.<field>' or 'training.<field>'")
+        if isinstance(value, dict):
+            flat |= {f"{key}.{name}": inner for name, inner in value.items()}
+        else:
+            flat[key] = value
+    return flat
+
+
+def own_points(method: str, trains: bool) -> list[Point]:
+    """The method's own points (flat, dotted keys): its ``"search"``, or the weight decays."""
+    search = method_search(method)
+    if "points" in search:
+        if len(search) > 1:
+            raise ValueError(f"method {method!r}: 'search' gives either 'points' or axes, not both "
+                             f"(has {sorted(search)})")
+        points = [_flat(p, method) for p in search["points"]]
+    else:
+        points = [_flat(dict(zip(search, values)), method) for values in itertools.product(*search.values())]
+    if points == [{}] and trains:
+        points = [{"training.weight_decay": wd} for wd in WEIGHT_DECAYS]
+    knobs = sorted({k for p in points for k in p if len({repr(q.get(k)) for q in points}) > 1})
     if len(knobs) > MAX_KNOBS:
-        raise ValueError(f"method {method!r} searches {sorted(knobs)}: at most {MAX_KNOBS} knobs of its own")
-    axes = ({"training.learning_rate": list(LEARNING_RATES)} if trains else {}) | knobs
-    grid = [dict(zip(axes, values)) for values in itertools.product(*axes.values())] if axes else [{}]
-    if len(grid) > MAX_CONFIGS:
-        raise ValueError(f"method {method!r}: {len(grid)} configurations exceed the budget of {MAX_CONFIGS}")
+        raise ValueError(f"method {method!r} searches {knobs}: at most {MAX_KNOBS} knobs of its own")
+    if trains and any("training.learning_rate" in p for p in points):
+        raise ValueError(f"method {method!r}: the learning rate is searched for every method "
+                         f"({list(LEARNING_RATES)}); leave it out of 'search'")
+    return points
+
+
+def search_grid(method: str, trains: bool) -> list[Point]:
+    """The ``BUDGET`` configurations ``method`` is tried with before extension, as flat points
+    (``{"training.x" | "config.x" | "config.x.y": value}``); ``[{}]`` for a method with nothing to choose."""
+    points = own_points(method, trains)
+    grid = [{"training.learning_rate": lr, **p} for lr in LEARNING_RATES for p in points] if trains else points
+    if grid != [{}] and len(grid) != BUDGET:
+        per_rate = BUDGET // len(LEARNING_RATES)
+        rule = (f"{len(LEARNING_RATES)} learning rates x exactly {per_rate} points of its own"
+                if trains else f"exactly {BUDGET} points of its knobs (it trains nothing)")
+        raise ValueError(f"method {method!r}: {len(grid)} configurations ({len(points)} points of its own), but "
+                         f"every method gets exactly {BUDGET}: {rule}. Fix 'search' in its settings file")
     return grid
+
+
+def selected(point: Point, config: Any) -> dict[str, Any]:
+    """A flat point as the resolver's ``selected`` layer: a dotted key ``config.f.k`` sets ``k``
+    inside field ``f``, over ``config.f`` (the method's resolved value for the suite)."""
+    out: dict[str, Any] = {}
+    for key, value in point.items():
+        part, _, name = key.partition(".")
+        field, dot, inner = name.partition(".")
+        if not dot:
+            out[key] = value
+        elif part != "config":
+            raise ValueError(f"search key {key!r}: only config fields hold nested values")
+        else:
+            base = out.get(f"config.{field}", dict(getattr(config, field, None) or {}))
+            out[f"config.{field}"] = {**base, inner: value}
+    return out
+
+
+def _numeric(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def edges(tried: list[Point], pick: Point) -> list[tuple[str, str, float]]:
+    """(axis, "low" | "high", the neighbouring value) for every numeric axis the pick is on the edge of.
+
+    The axis is the line through the pick (the other axes at the pick's values); where that line
+    holds the pick alone (explicit points), every value tried on the axis."""
+    out = []
+    for axis, value in pick.items():
+        if not _numeric(value):
+            continue
+        on_axis = [p for p in tried if _numeric(p.get(axis))]
+        line = sorted({p[axis] for p in on_axis if all(p.get(k) == v for k, v in pick.items() if k != axis)})
+        line = line if len(line) > 1 else sorted({p[axis] for p in on_axis})
+        if len(line) > 1 and value in (line[0], line[-1]):
+            out.append((axis, "low", line[1]) if value == line[0] else (axis, "high", line[-2]))
+    return out
+
+
+def step_past(edge: float, neighbour: float) -> float | None:
+    """One geometric step past ``edge``, away from ``neighbour`` (the ratio of the two); None where there is
+    none: a non-positive value (a geometric step never reaches 0), or an integer axis that would go below 1
+    or not move."""
+    if edge <= 0 or neighbour <= 0:
+        return None
+    value = edge * edge / neighbour
+    if isinstance(edge, int) and isinstance(neighbour, int):
+        value = round(value)
+        return value if value >= 1 and value != edge else None
+    return float(f"{value:.3g}")
+
+
+def search(grid: list[Point], score: Callable[[Point], float], valid: Callable[[Point], bool],
+           max_extensions: int | None = None) -> dict[str, Any]:
+    """Run ``grid``, then extend edge picks (see the module docstring); the record of ``selection.json``.
+
+    ``score`` runs one point (validation A_T); ``valid`` says whether a point is in every field's valid
+    range (an extension outside it is not run: that edge is the end of its axis)."""
+    limit = MAX_EXTENSIONS if max_extensions is None else max_extensions
+    tried = list(grid)
+    scores = [score(p) for p in grid]
+    extensions: list[dict[str, Any]] = []
+
+    def best() -> Point:  # ties: the first run, so an extension that only ties never moves the pick
+        return tried[max(range(len(tried)), key=lambda i: (scores[i], -i))]
+
+    def next_point(pick: Point, axis: str, neighbour: float) -> Point | None:
+        value = step_past(pick[axis], neighbour)
+        point = None if value is None else {**pick, axis: value}
+        return point if point is not None and point not in tried and valid(point) else None
+
+    while len(extensions) < limit:
+        pick = best()
+        steps = [(axis, side, p) for axis, side, n in edges(tried, pick) if (p := next_point(pick, axis, n))]
+        if not steps:
+            break
+        axis, side, point = steps[0]
+        tried.append(point)
+        scores.append(score(point))
+        extensions.append({"point": point, "validation_A_T": scores[-1], "axis": axis, "side": side})
+    pick = best()
+    left = [{"axis": axis, "side": side,
+             "reason": "extensions used up" if len(extensions) >= limit and next_point(pick, axis, n)
+             else "end of the axis's valid range"}
+            for axis, side, n in edges(tried, pick)]
+    return {"grid": grid, "validation_A_T": scores[:len(grid)], "extensions": extensions, "pick_point": pick,
+            "pick_validation_A_T": scores[tried.index(pick)], "edge": bool(left), "edge_axes": left}
 
 
 def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, command: str | None = None,
@@ -54,31 +202,43 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
     # No probes while tuning, and no anytime evaluations: only the validation A_T decides.
     quiet = dataclasses.replace(suite, probe_forgetting=False)
     backbone, collator = load_suite_backbone(suite)
-    stream = decode_stream_if_small(validation_stream(build_stream(suite, seed)), collator)
-    record: dict[str, Any] = {}
-    cached_stream = None
-    for method in methods:
-        model = get_cl_model(copy.deepcopy(backbone), resolve_run(suite, method, seed).adapter_config)
+    plans = {}
+    for method in methods:  # every grid is checked against the budget before anything trains
+        config = resolve_run(suite, method, seed).adapter_config
+        model = get_cl_model(copy.deepcopy(backbone), config)
         trains, frozen = bool(model.trainable_parameters()), model.reads_frozen_features()
-        if frozen and cached_stream is None:
-            cached_stream, _ = cache_stream_features(backbone, stream, collator)
-        grid, scores = search_grid(method, trains), []
-        for point in grid:
+        plans[method] = (config, trains, frozen, search_grid(method, trains))
+        del model
+    stream = decode_stream_if_small(validation_stream(build_stream(suite, seed)), collator)
+    cached_stream = None
+    if any(frozen for _, _, frozen, _ in plans.values()):
+        cached_stream, _ = cache_stream_features(backbone, stream, collator)
+    record: dict[str, Any] = {}
+    for method, (config, trains, frozen, grid) in plans.items():
+        def score(point: Point) -> float:
             started = time.perf_counter()
-            settings = {k[len("training."):]: v for k, v in point.items() if k.startswith("training.")}
-            config = {k[len("config."):]: v for k, v in point.items() if k.startswith("config.")}
             result, _, _ = run_method(
                 quiet, method, seed, stream=cached_stream if frozen else stream,
-                collator=FeatureCollator() if frozen else None, config_overrides=config,
-                progress=progress, eval_every=0, evals_per_task=0, **settings,
+                collator=FeatureCollator() if frozen else None, selected=selected(point, config),
+                progress=progress, eval_every=0, evals_per_task=0,
             )
-            scores.append(summarize_result(result, suite.scenario)["A_T"])
-            print(f"[tune {suite.name}] {method} {point}: validation A_T {scores[-1]:.4f} "
+            a_t = summarize_result(result, suite.scenario)["A_T"]
+            print(f"[tune {suite.name}] {method} {point}: validation A_T {a_t:.4f} "
                   f"({time.perf_counter() - started:.0f}s)", flush=True)
-        best = max(range(len(grid)), key=lambda i: (scores[i], -i))
-        record[method] = {"grid": grid, "validation_A_T": scores, "pick": grid[best], "seed": seed,
+            return a_t
+
+        def valid(point: Point) -> bool:
+            try:
+                resolve_run(suite, method, seed, selected=selected(point, config))
+            except ValueError:
+                return False
+            return True
+
+        found = search(grid, score, valid)
+        record[method] = {**found, "pick": selected(found["pick_point"], config), "seed": seed, "trains": trains,
                           "metric": "A_T on the validation split"}
     selection = {"suite": suite.name, "methods": record, "learning_rates": list(LEARNING_RATES),
+                 "weight_decays": list(WEIGHT_DECAYS), "budget": BUDGET, "max_extensions": MAX_EXTENSIONS,
                  "commands": [command] if command else []}
     path = out / "selection.json"
     if path.is_file():  # tuning more methods adds to the same file

@@ -1,0 +1,128 @@
+"""`hf-clroute tune`'s search rule: one budget for every method, edge picks extend their axis.
+
+The rule is tested on synthetic validation scores (a function of the point), so no training runs;
+tests/test_bench.py runs the tuner end to end on a tiny suite.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from hf_clroute.bench import tune as tuning
+from hf_clroute.bench.settings import CONFIG_ROOT, registered_method
+from hf_clroute.bench.tune import BUDGET, LEARNING_RATES, MAX_EXTENSIONS, search, search_grid, selected, step_past
+
+LR = "training.learning_rate"
+#: methods that train nothing: their grid is their own 12 points (or one point when they have no knob)
+CLOSED_FORM = {"simplecil", "ncm", "slda", "ranpac", "knn"}
+
+
+def _always_valid(point):
+    return True
+
+
+def _score_peaked_at(**peaks: float):
+    """Validation A_T that falls with each axis's log-distance from its peak (other keys ignored)."""
+    def score(point):
+        return 1.0 - sum(abs(math.log10(point[k] / v)) for k, v in peaks.items()) / 100
+    return score
+
+
+def test_every_method_file_gets_exactly_the_budget():
+    wrong = []
+    for path in sorted((CONFIG_ROOT / "methods").glob("*.json")):
+        trains = registered_method(path.stem) not in CLOSED_FORM
+        try:
+            grid = search_grid(path.stem, trains)
+        except ValueError as error:
+            wrong.append(str(error))
+            continue
+        assert len(grid) == BUDGET or grid == [{}], path.stem
+        if trains:  # every trained method: the same learning rates, each with its 4 own points
+            assert sorted({p[LR] for p in grid}) == sorted(LEARNING_RATES), path.stem
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_method_without_knobs_searches_weight_decay_and_explicit_points_are_read(monkeypatch):
+    assert {p["training.weight_decay"] for p in search_grid("finetune", trains=True)} == set(tuning.WEIGHT_DECAYS)
+    files = {
+        "pts": {"search": {"points": [{"config.a": a, "config.b": b} for a, b in ((1, "x"), (2, "x"), (1, "y"), (4, "y"))]}},
+        "nested": {"search": {"config.head_options": [{"ridge_lambda": 0.1, "dim": 8}, {"ridge_lambda": 1.0, "dim": 8}],
+                              "config.k": [1, 2]}},
+        "small": {"search": {"config.k": [1, 2, 3]}},
+        "wide": {"search": {"config.a": [1, 2], "config.b": [1, 2], "config.c": [1]}},
+        "three": {"search": {"points": [{"config.a": i, "config.b": i, "config.c": i} for i in range(4)]}},
+        "both": {"search": {"points": [], "config.a": [1]}},
+        "variant": {"method": "pts", "search": {"config.z": [1, 2, 3, 4]}},  # its own search replaces its method's
+    }
+    monkeypatch.setattr("hf_clroute.bench.settings.method_file", lambda m: files.get(m, {}))
+    grid = search_grid("pts", trains=True)
+    assert len(grid) == BUDGET and grid[1] == {LR: LEARNING_RATES[0], "config.a": 2, "config.b": "x"}
+    grid = search_grid("nested", trains=True)  # dict values become dotted keys; the constant is no knob
+    assert grid[0] == {LR: LEARNING_RATES[0], "config.head_options.ridge_lambda": 0.1, "config.head_options.dim": 8,
+                       "config.k": 1}
+    assert {p.get("config.z") for p in search_grid("variant", trains=True)} == {1, 2, 3, 4}
+    with pytest.raises(ValueError, match=r"method 'small': 9 configurations .* exactly 12"):
+        search_grid("small", trains=True)
+    with pytest.raises(ValueError, match=r"method .small.: 3 configurations .*\(it trains nothing\)"):
+        search_grid("small", trains=False)
+    with pytest.raises(ValueError, match=r"method 'three' searches \['config.a', 'config.b', 'config.c'\]"):
+        search_grid("three", trains=True)
+    assert len(search_grid("wide", trains=True)) == BUDGET  # a constant axis is not a knob
+    with pytest.raises(ValueError, match="either 'points' or axes"):
+        search_grid("both", trains=True)
+
+
+def test_a_pick_on_the_top_edge_extends_until_it_is_interior():
+    grid = [{LR: lr, "config.k": k} for lr in (3e-4, 1e-3, 3e-3) for k in (1, 2, 4, 8)]
+    record = search(grid, _score_peaked_at(**{LR: 2.7e-2, "config.k": 2}), _always_valid)
+    # 3e-3 is the top: 9e-3 is better, then 2.7e-2, then 8.1e-2 is worse: the pick is interior.
+    assert [e["point"][LR] for e in record["extensions"]] == [9e-3, 2.7e-2, 8.1e-2]
+    assert all(e["axis"] == LR and e["side"] == "high" and e["point"]["config.k"] == 2 for e in record["extensions"])
+    assert record["pick_point"] == {LR: 2.7e-2, "config.k": 2} and record["edge"] is False
+    assert record["edge_axes"] == [] and len(record["validation_A_T"]) == len(grid)
+
+
+def test_a_pick_still_on_an_edge_after_the_extensions_is_flagged():
+    grid = [{LR: lr, "config.k": k} for lr in (3e-4, 1e-3, 3e-3) for k in (1, 2, 4, 8)]
+    record = search(grid, _score_peaked_at(**{LR: 1e-7, "config.k": 4}), _always_valid)
+    assert [e["point"][LR] for e in record["extensions"]] == [9e-5, 2.7e-5, 8.1e-6]
+    assert len(record["extensions"]) == MAX_EXTENSIONS
+    assert record["edge"] is True
+    assert record["edge_axes"] == [{"axis": LR, "side": "low", "reason": "extensions used up"}]
+
+
+def test_an_edge_that_cannot_extend_is_flagged_as_the_end_of_its_range():
+    # k = 1 at the bottom of an integer axis (no step below 1); a shrinkage whose next step is invalid.
+    grid = [{"config.k": k} for k in (1, 2, 3, 5)]
+    record = search(grid, lambda p: 1.0 / p["config.k"], _always_valid)
+    assert record["extensions"] == [] and record["pick_point"] == {"config.k": 1}
+    assert record["edge_axes"] == [{"axis": "config.k", "side": "low", "reason": "end of the axis's valid range"}]
+    grid = [{"config.head_options.shrinkage": s} for s in (0.01, 0.1, 0.3)]
+    record = search(grid, lambda p: p["config.head_options.shrinkage"],
+                    lambda p: p["config.head_options.shrinkage"] <= 1)
+    assert [e["point"]["config.head_options.shrinkage"] for e in record["extensions"]] == [0.9]
+    assert record["edge"] and record["edge_axes"][0]["reason"] == "end of the axis's valid range"
+
+
+def test_ties_keep_the_first_pick_so_a_flat_axis_ends_interior():
+    grid = [{LR: lr, "training.weight_decay": wd} for lr in (3e-4, 1e-3, 3e-3) for wd in (1e-3, 1e-2, 1e-1, 1.0)]
+    record = search(grid, lambda p: 0.5, _always_valid)
+    # The first point is on the low edge of both axes: each extends once, ties, and the pick stays.
+    assert [e["axis"] for e in record["extensions"]] == [LR, "training.weight_decay"]
+    assert record["pick_point"] == grid[0] and not record["edge"]
+
+
+def test_step_past_is_geometric_and_selected_merges_nested_fields():
+    assert step_past(3e-3, 1e-3) == 9e-3 and step_past(3e-4, 1e-3) == 9e-5
+    assert step_past(20, 10) == 40 and step_past(1, 2) is None and step_past(0.0, 1e-3) is None
+
+    class Config:
+        head_options = {"projection_dim": 2048, "ridge_lambda": 1.0}
+
+    chosen = selected({LR: 1e-3, "config.head_options.ridge_lambda": 10.0, "config.k": 3}, Config())
+    assert chosen == {LR: 1e-3, "config.head_options": {"projection_dim": 2048, "ridge_lambda": 10.0}, "config.k": 3}
+    assert json.loads(json.dumps(chosen)) == chosen  # the pick goes to selection.json as is
