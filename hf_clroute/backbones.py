@@ -369,6 +369,20 @@ def _with_overrides(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -
     return {**defaults, **overrides}
 
 
+def vit_image_processor(**kwargs: Any) -> Any:
+    """A ViT image processor on the PIL backend (``ViTImageProcessorPil``), made with ``kwargs``.
+
+    In transformers 5 the name ``ViTImageProcessor`` means the torchvision backend; without
+    torchvision (this package does not need it) naming it logs a warning and gives the PIL class
+    anyway. Asking for the PIL class by its own name does the same with no warning, and gives the
+    same preprocessing whether or not torchvision is installed. Its saved config still says
+    ``ViTImageProcessor``, which ``AutoImageProcessor`` loads without the warning.
+    """
+    from transformers import ViTImageProcessorPil
+
+    return ViTImageProcessorPil(**kwargs)
+
+
 def tiny_vit_config(**overrides: Any) -> ViTConfig:
     """A ViT small enough for unit tests (hidden 32, 2 layers, 16x16 RGB, patch 4)."""
     defaults = dict(

@@ -110,40 +110,11 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Load an adapter (local dir or Hub repo id) and score it on every task of a suite."""
-    from .bench.suites import SuiteConfig, build_stream, load_suite_backbone
-    from .engine import TrainingConfig, evaluate_experience, make_accelerator, test_loader
-    from .methods.base import StepContext
-    from .model import CLModel
+    from .bench.evaluate import evaluate_adapter
 
-    from .labels import align_stream, labels_in_order
-
-    suite = SuiteConfig.load(args.suite, quick=args.quick)
-    backbone, collator = load_suite_backbone(suite)
-    model = CLModel.from_pretrained(backbone, args.adapter)
-    stream = build_stream(suite, args.seed)
-    if model.config.id2label:
-        # The suite's stream for this seed numbers classes in its own order; score them under the
-        # adapter's ids, matched by label name (a class the adapter never learned is refused).
-        aligned = align_stream(stream, model.config, allow_new=False, what=f"suite {suite.name!r} seed {args.seed}")
-        if [e.classes for e in aligned] != [e.classes for e in stream]:
-            print(f"classes matched to the adapter's labels by name (the adapter's order: {labels_in_order(model.config)})")
-        stream = aligned
-    else:
-        print("note: this adapter records no class labels; the stream's class ids are used as they are, which is "
-              "right only for the suite and seed it was trained on", file=sys.stderr)
-    accelerator = make_accelerator(TrainingConfig())
-    model.to(accelerator.device)
-    model.before_evaluation(StepContext(task_id=0))
-    scores, sizes = [], []
-    for experience in stream:
-        loader = test_loader(experience, collator, 256, accelerator)
-        classes = experience.classes if model.config.scenario == "task" else None
-        scores.append(evaluate_experience(model, loader, accelerator, task_classes=classes))
-        sizes.append(len(experience.test))
-        print(f"{experience.name}: accuracy {scores[-1] * 100:.2f}%")
-    print(f"average over {len(scores)} tasks (A_T): {100 * sum(scores) / len(scores):.2f}%")
-    overall = sum(s * n for s, n in zip(scores, sizes, strict=True)) / sum(sizes)
-    print(f"all {sum(sizes)} test examples: accuracy {100 * overall:.2f}%")
+    result = evaluate_adapter(args.adapter, args.suite, seed=args.seed, quick=args.quick)
+    print(f"average over {len(result.accuracy)} tasks (A_T): {100 * result.average:.2f}%")
+    print(f"all {sum(result.examples)} test examples: accuracy {100 * result.overall:.2f}%")
     return 0
 
 
@@ -249,6 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .progress import quiet_library_bars
+
+    quiet_library_bars()  # to a file or pipe: no bars from transformers/datasets either
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as err:  # configuration/data errors: one clear line, no traceback

@@ -63,9 +63,9 @@ def vit_b16_config(small: bool = True, **overrides: Any) -> Any:
 
 def vit_b16_processor() -> Any:
     """The in21k checkpoint's preprocessing: resize to 224x224, normalise with mean = std = 0.5."""
-    from transformers import ViTImageProcessor
+    from ..backbones import vit_image_processor
 
-    return ViTImageProcessor(size={"height": 224, "width": 224}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    return vit_image_processor(size={"height": 224, "width": 224}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
 
 
 def bert_base_config(small: bool = True, **overrides: Any) -> Any:

@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from ..data.streams import Experience
 from ..heads import task_mask_logits
 from ..model import CLModel
 from ..outputs import model_inputs
+from ..progress import progress_bar
 
 
 @dataclass
@@ -66,7 +66,8 @@ def evaluate_experience(
 ) -> float:
     """Accuracy (fraction) on a classification test split, or perplexity for a causal LM.
 
-    ``progress`` shows a bar over the split's batches on the main process (left off the screen when done).
+    ``progress`` shows a bar over the split's batches on the main process, on a terminal only (left off
+    the screen when done).
     ``features``, a list, receives every batch's (classifier features as float32 on the CPU, labels),
     this process's batches in order: what a probe on the same split would compute again.
     """
@@ -79,7 +80,7 @@ def evaluate_experience(
     except TypeError:  # an iterable loader: no total to show
         batches = None
     show = progress and accelerator.is_main_process
-    for batch in tqdm(loader, total=batches, desc=desc, leave=False, disable=not show):
+    for batch in progress_bar(loader, progress=show, total=batches, desc=desc, leave=False):
         if model.spec.modality == "lm":
             nll, tokens = accelerator.gather_for_metrics(sequence_nll(model, batch))
             score, total = score + nll.sum().item(), total + tokens.sum().item()

@@ -33,7 +33,6 @@ from accelerate import Accelerator
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import DataLoaderConfiguration, DistributedDataParallelKwargs, DistributedType, set_seed
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from ..config import CLConfig
 from ..data.streams import Experience
@@ -41,6 +40,7 @@ from ..labels import align_stream, copy_labels
 from ..methods.base import StepContext
 from ..model import CLModel
 from ..outputs import CLModelOutput, model_inputs
+from ..progress import bars_enabled, log_line, progress_bar, task_line
 from .adaptation import prepare_adaptation, reaccumulate_statistics
 from .callbacks import Callback
 from .checkpoint import find_checkpoint, read_state, save_checkpoint
@@ -361,6 +361,7 @@ class ContinualTrainer:
     def _train_experience(self, task_id: int) -> bool:
         accelerator, cfg, model = self.accelerator, self.config, self.model
         experience = self.stream[task_id]
+        task_started = time.perf_counter()
         resuming_mid_task = self._step_in_task > 0
         self._test_features.clear()  # the model is about to train: the kept test features go stale
         if model.config.scenario == "domain":
@@ -386,7 +387,10 @@ class ContinualTrainer:
 
         eval_steps = self._anytime_steps(experience, data) if cfg.evals_per_task else set()
         show = cfg.progress and accelerator.is_local_main_process
-        bar = tqdm(loader, desc=f"task {task_id} ({experience.name})", disable=not show, leave=False)
+        bar = progress_bar(loader, progress=show, desc=f"task {task_id} ({experience.name})", leave=False)
+        # Off a terminal (a log file, a pipe) there is no bar: one line at the task's end says how it went.
+        log_task = cfg.progress and accelerator.is_main_process and not bars_enabled()
+        loss_sum, losses = 0.0, 0  # summed on the device: no sync per step
         # Every module in train mode once per task (a hook or the bench's feature encoder may have put a
         # submodule in eval mode); per step only the model's own flag is checked. A statistics-only pass
         # runs every module in eval mode, whatever trained before: no dropout while counting.
@@ -402,6 +406,8 @@ class ContinualTrainer:
             self._step_in_task += 1
             self.result.global_step += 1
             step = self.result.global_step
+            if log_task and out.loss is not None:
+                loss_sum, losses = loss_sum + out.loss.detach(), losses + 1
             if out.loss is not None and step % 10 == 0:
                 loss = out.loss.item()
                 bar.set_postfix(loss=f"{loss:.3f}")
@@ -425,6 +431,10 @@ class ContinualTrainer:
             accelerator.log({f"eval/R_{task_id}_{j}": v for j, v in enumerate(self.result.accuracy_matrix[-1])}, step=self.result.global_step)
         for callback in self.callbacks:
             callback.on_task_end(self, task_id)
+        if log_task:
+            log_line(task_line(task_id, experience.name, time.perf_counter() - task_started,
+                               float(loss_sum / losses) if losses else None, self.result.accuracy_matrix[-1],
+                               perplexity=model.spec.modality == "lm"))
         self.result.completed_tasks = task_id + 1
         self._step_in_task = 0
         release_prepared(accelerator, optimizer)  # this task's DDP wrapper/optimizer; the next may add parameters
