@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "AutoCLModel": "hf_clroute.auto",
     "CLConfig": "hf_clroute.config",
     "CLModel": "hf_clroute.model",
     "CLModelOutput": "hf_clroute.outputs",
@@ -31,6 +32,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "AutoCLModel",
     "CLConfig",
     "CLModel",
     "CLModelOutput",
@@ -44,6 +46,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .auto import AutoCLModel
     from .config import CLConfig
     from .engine import ContinualTrainer, StreamResult, TrainingConfig
     from .model import CLModel, get_cl_model

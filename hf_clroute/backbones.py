@@ -34,6 +34,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -305,6 +306,7 @@ def load_backbone(
     name_or_path: str | os.PathLike,
     *,
     modality: Modality | None = None,
+    revision: str | None = None,
     **from_pretrained_kwargs: Any,
 ) -> tuple[nn.Module, Any]:
     """Load a supported backbone and its processor from a local dir or Hub id.
@@ -314,9 +316,15 @@ def load_backbone(
     ``AutoTokenizer``; a dir saved with our ``CharTokenizer`` resolves to it
     because importing this module registers it with ``AutoTokenizer``.
     ``from_pretrained_kwargs`` go to the model (e.g. ``attn_implementation``).
+    From the Hub, ``revision`` (default: the main branch) is resolved to its commit once, so config,
+    weights and processor come from that one commit, which :func:`loaded_revision` then reports
+    (an adapter records it, so ``AutoCLModel`` reloads the very same backbone).
     """
     name_or_path = os.fspath(name_or_path)
-    spec = get_backbone_spec(AutoConfig.from_pretrained(name_or_path))
+    revision = _hub_commit(name_or_path, revision)
+    if revision is not None:
+        from_pretrained_kwargs["revision"] = revision
+    spec = get_backbone_spec(AutoConfig.from_pretrained(name_or_path, revision=revision))
     if modality is not None and modality != spec.modality:
         raise ValueError(
             f"{name_or_path!r} is a {spec.model_type!r} ({spec.modality}) backbone, "
@@ -335,14 +343,40 @@ def load_backbone(
         _logger.warning("%s loaded from %s with unexpected keys %s and missing (newly initialised) keys %s",
                         type(model).__name__, name_or_path, unexpected[:10], missing[:10])
     try:
-        processor = getattr(transformers, spec.processor_class).from_pretrained(name_or_path)
+        processor = getattr(transformers, spec.processor_class).from_pretrained(name_or_path, revision=revision)
     except OSError as err:
         raise OSError(
             f"{name_or_path!r} holds a {spec.model_type!r} model but no "
             f"{spec.processor_class} files; save the processor/tokenizer with "
             f"save_pretrained into the same directory"
         ) from err
+    if revision is not None:
+        _LOADED_REVISIONS[model] = revision
     return model, processor
+
+
+#: backbone loaded from the Hub by :func:`load_backbone` -> the commit it was loaded at
+_LOADED_REVISIONS: "weakref.WeakKeyDictionary[nn.Module, str]" = weakref.WeakKeyDictionary()
+
+
+def loaded_revision(model: nn.Module) -> str | None:
+    """The Hub commit :func:`load_backbone` loaded ``model`` at; None for a local directory or a
+    model built or loaded any other way (transformers itself keeps no record of it)."""
+    return _LOADED_REVISIONS.get(model)
+
+
+def _hub_commit(name_or_path: str, revision: str | None) -> str | None:
+    """The commit ``revision`` of Hub repo ``name_or_path`` points to now (None for a local directory).
+    Best effort, as transformers' own resolution: when it cannot be resolved (offline and never
+    cached, no such repo), ``revision`` is returned and the load itself reports the problem."""
+    if os.path.isdir(name_or_path):
+        return None
+    from huggingface_hub import HfApi, constants
+
+    try:
+        return HfApi().resolve_revision(name_or_path, revision=revision, local_files_only=constants.HF_HUB_OFFLINE).resolved
+    except Exception:  # the client raises many types (HTTP, connection, validation, cache miss): fail open
+        return revision
 
 
 #: pip-installable pretrained models: key -> (import name, pip name, subdir)

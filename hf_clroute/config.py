@@ -21,6 +21,9 @@ from .io import atomic_write_text, resolve_pretrained_dir
 from .metrics.continual import SCENARIOS
 
 CONFIG_NAME = "adapter_config.json"
+#: hf_clroute's config in a directory saved in PEFT's own format (LoRA, prompt tuning), where
+#: adapter_config.json is PEFT's (see ``CLModel.save_pretrained``)
+PEFT_LAYOUT_CONFIG_NAME = "hf_clroute_config.json"
 
 
 class LabelMap(dict):
@@ -55,6 +58,20 @@ class CLConfig:
     base_model_name_or_path: str | None = field(
         default=None,
         metadata={"help": "Backbone this adapter was attached to (local dir or Hub id); recorded, never saved."},
+    )
+    base_model_revision: str | None = field(
+        default=None,
+        metadata={
+            "help": "The Hub commit the backbone was loaded at (recorded when `load_backbone` loaded it from the "
+            "Hub); `AutoCLModel.from_pretrained` loads the backbone at this commit. None: a local backbone."
+        },
+    )
+    base_model_fingerprint: str | None = field(
+        default=None,
+        metadata={
+            "help": "'<model_type>:<hash>' of the backbone config's architecture-defining fields (recorded when the "
+            "adapter is created); loading onto a backbone with another fingerprint is refused. None: not recorded."
+        },
     )
     scenario: str = field(
         default="class",
@@ -273,10 +290,15 @@ class CLConfig:
         config_file = directory / CONFIG_NAME
         if not config_file.is_file():
             raise FileNotFoundError(f"no {CONFIG_NAME} in {path_or_repo_id}")
-        try:
-            data = json.loads(config_file.read_text())
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{config_file} is not valid JSON (corrupted checkpoint?): {err}") from err
+        data = _read_json(config_file)
+        if "peft_type" in data:  # PEFT's own config: ours lies beside it
+            config_file = directory / PEFT_LAYOUT_CONFIG_NAME
+            if not config_file.is_file():
+                raise ValueError(
+                    f"{path_or_repo_id} holds a PEFT {data['peft_type']} adapter without hf_clroute's "
+                    f"{PEFT_LAYOUT_CONFIG_NAME}; load it with peft.PeftModel.from_pretrained"
+                )
+            data = _read_json(config_file)
         return cls.from_dict(data)
 
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
@@ -288,3 +310,10 @@ class CLConfig:
         with tempfile.TemporaryDirectory(prefix="hf_clroute_config_") as tmp:
             self.save_pretrained(tmp)
             return push_folder(tmp, repo_id, **{"what": f"this {self.method} adapter config", **kwargs})
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON (corrupted checkpoint?): {err}") from err

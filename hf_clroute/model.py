@@ -10,6 +10,12 @@ statistics head that the model itself feeds in ``after_step`` and solves in
 every buffer the method or head added, and the non-tensor state (head size and
 settings, counters, slot statistics) as JSON in the safetensors metadata, guarded by
 a checksum of the tensor bytes so a corrupted file is refused, not half-loaded.
+A method that is PEFT's own (LoRA, prompt tuning) is saved in PEFT's format, with
+the rest beside it (see ``save_pretrained``).
+
+The adapter records its backbone: name, Hub commit and a fingerprint of the config
+(:func:`backbone_fingerprint`); ``from_pretrained`` refuses a backbone with another
+fingerprint, and ``hf_clroute.AutoCLModel`` loads the recorded backbone itself.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ import copy
 import hashlib
 import json
 import os
+import tempfile
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -27,18 +35,22 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .backbones import get_backbone_spec, get_base_model, pooled_features
-from .config import CONFIG_NAME, CLConfig
+from .backbones import get_backbone_spec, get_base_model, loaded_revision, pooled_features
+from .config import CONFIG_NAME, PEFT_LAYOUT_CONFIG_NAME, CLConfig
 from .heads import StatisticsHead, build_head
-from .io import atomic_path, refuse_pickles, resolve_pretrained_dir
+from .io import atomic_path, atomic_write_text, refuse_pickles, resolve_pretrained_dir
 from .methods.base import ContinualMethod, StepContext
 from .labels import record_labels
 from .outputs import CLModelOutput, backbone_inputs, model_inputs
 from .registry import get_method
 
 WEIGHTS_NAME = "adapter_model.safetensors"
+#: beside PEFT's own files, in a directory saved in PEFT's format: our tensors that are not PEFT's
+#: (head, class statistics), the non-tensor state, and the checksum of both weight files
+PEFT_LAYOUT_WEIGHTS_NAME = "hf_clroute_model.safetensors"
 _STATE_KEY = "hf_clroute.state"
 _CHECKSUM_KEY = "hf_clroute.sha256"
+_PEFT_KEYS_KEY = "hf_clroute.peft_keys"
 
 
 class CLModel(nn.Module):
@@ -49,6 +61,7 @@ class CLModel(nn.Module):
         # A backbone another CLModel already adapted (README's `same = type(model).from_pretrained(backbone,
         # ...)` right after training on `backbone`) is not adapted twice, which would stack a second
         # adapter on the first: this model is built on a copy of the backbone as it was before then.
+        revision = loaded_revision(backbone)
         backbone = _unadapted_copy(backbone)
         skeleton = _skeleton(backbone)
         self.spec = get_backbone_spec(backbone)
@@ -67,6 +80,10 @@ class CLModel(nn.Module):
         self.backbone = backbone if self.spec.modality == "lm" else get_base_model(backbone)
         if config.base_model_name_or_path is None:
             config.base_model_name_or_path = getattr(backbone, "name_or_path", None) or None
+        if config.base_model_revision is None and config.base_model_name_or_path == getattr(backbone, "name_or_path", None):
+            config.base_model_revision = revision
+        if config.base_model_fingerprint is None:
+            config.base_model_fingerprint = backbone_fingerprint(backbone)
         if config.freeze_backbone:
             self.backbone.requires_grad_(False)
         # The backbone's own tensors stay on its own checkpoint and are never saved
@@ -226,7 +243,15 @@ class CLModel(nn.Module):
 
     # ---- saving and loading ------------------------------------------------------
     def save_pretrained(self, save_directory: str | os.PathLike) -> None:
-        """Write ``adapter_config.json`` + ``adapter_model.safetensors`` atomically."""
+        """Write the adapter, each file atomically: ``adapter_config.json`` + ``adapter_model.safetensors``.
+
+        A method that is PEFT's own (LoRA, prompt tuning) is written in PEFT's format, so
+        ``peft.PeftModel.from_pretrained(backbone, directory)`` loads it as any PEFT adapter: those two
+        names hold PEFT's config and PEFT's tensors, under PEFT's names. What PEFT has no place for
+        (our config, the head, class statistics, state) lies beside them in ``hf_clroute_config.json``
+        + ``hf_clroute_model.safetensors``, whose checksum covers both weight files. ``from_pretrained``
+        and ``AutoCLModel`` read either layout.
+        """
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
         # Tied or shared tensors cannot be saved twice by safetensors; clone them.
@@ -236,9 +261,37 @@ class CLModel(nn.Module):
             _STATE_KEY: json.dumps(self.extra_state(), sort_keys=True),
             _CHECKSUM_KEY: tensor_checksum(tensors),
         }
-        with atomic_path(directory / WEIGHTS_NAME) as tmp:
-            save_file(tensors, str(tmp), metadata=metadata)
-        self.config.save_pretrained(directory)
+        export = self.method.peft_adapter(self)
+        if export is None:
+            _write_safetensors(directory / WEIGHTS_NAME, tensors, metadata)
+            self.config.save_pretrained(directory)
+            # A PEFT-format adapter saved here before would only confuse a reader.
+            for stale in (PEFT_LAYOUT_WEIGHTS_NAME, PEFT_LAYOUT_CONFIG_NAME):
+                (directory / stale).unlink(missing_ok=True)
+            return
+        peft_config, peft_keys = export
+        peft_tensors = {peft_keys[key]: tensors.pop(key) for key in peft_keys}
+        _write_safetensors(directory / WEIGHTS_NAME, peft_tensors, {"format": "pt"})  # what PEFT writes
+        metadata[_PEFT_KEYS_KEY] = json.dumps(peft_keys, sort_keys=True)
+        _write_safetensors(directory / PEFT_LAYOUT_WEIGHTS_NAME, tensors, metadata)
+        self._save_peft_config(peft_config, directory)
+        atomic_write_text(directory / PEFT_LAYOUT_CONFIG_NAME, self.config.to_json_string())
+
+    def _save_peft_config(self, peft_config: Any, directory: Path) -> None:
+        """PEFT's ``adapter_config.json``, written by PEFT itself (then moved into place), naming the
+        recorded backbone and its commit as PEFT's ``PeftModel.save_pretrained`` would."""
+        peft_config = copy.deepcopy(peft_config)
+        peft_config.base_model_name_or_path = self.config.base_model_name_or_path
+        peft_config.revision = self.config.base_model_revision
+        peft_config.inference_mode = True
+        # Without a task type PEFT records the base model's class, so AutoPeftModel can build it.
+        base_class = type(self.backbone)
+        auto_mapping = None if peft_config.task_type else {
+            "base_model_class": base_class.__name__, "parent_library": base_class.__module__,
+        }
+        with tempfile.TemporaryDirectory(prefix=".peft_config.", dir=directory) as staging:
+            peft_config.save_pretrained(staging, auto_mapping_dict=auto_mapping)
+            os.replace(Path(staging) / CONFIG_NAME, directory / CONFIG_NAME)
 
     @classmethod
     def from_pretrained(
@@ -254,6 +307,7 @@ class CLModel(nn.Module):
         directory = resolve_pretrained_dir(path_or_repo_id, **hub_kwargs)
         refuse_pickles(directory, WEIGHTS_NAME)
         config = CLConfig.from_pretrained(directory)
+        check_backbone(config, backbone, source=str(path_or_repo_id))
         model = cls(backbone, config)
         model.load_adapter_weights(directory, source=str(path_or_repo_id))
         return model
@@ -261,7 +315,7 @@ class CLModel(nn.Module):
     def load_adapter_weights(self, directory: str | os.PathLike, source: str | None = None) -> None:
         """Restore a saved adapter's state into this model: non-tensor state first (so grown
         heads/slots are resized), then the tensors. Used by from_pretrained and by resume."""
-        tensors, metadata = read_adapter_weights(Path(directory) / WEIGHTS_NAME)
+        tensors, metadata = read_adapter_dir(Path(directory))
         self.load_extra_state(json.loads(metadata.get(_STATE_KEY, "{}")))
         device = next(self.parameters()).device
         self.load_adapter_state_dict({k: v.to(device) for k, v in tensors.items()}, source=source or str(directory))
@@ -289,7 +343,8 @@ class CLModel(nn.Module):
         from .io import push_adapter
         from .model_card import minimal_card
 
-        return push_adapter(self, repo_id, **{"card": minimal_card(self.config, repo_id), **kwargs})
+        card = minimal_card(self.config, repo_id, peft_format=self.method.peft_adapter(self) is not None)
+        return push_adapter(self, repo_id, **{"card": card, **kwargs})
 
 
 #: backbone -> (a copy of its module structure from before a CLModel adapted it, sharing its
@@ -336,22 +391,97 @@ def tensor_checksum(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def read_adapter_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """Load tensors + metadata, refusing truncated, corrupted or tampered files."""
+def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+
+
+def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     from safetensors import safe_open
 
     try:
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
-        tensors = load_file(str(path))
+        return load_file(str(path)), metadata
     except (SafetensorError, OSError, ValueError) as err:
         raise ValueError(f"corrupted adapter checkpoint {path}: {err}") from err
+
+
+def read_adapter_dir(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """An adapter's tensors (under our names) + our metadata, from either layout (see
+    ``CLModel.save_pretrained``), refusing truncated, corrupted or tampered files."""
+    path = directory / WEIGHTS_NAME
+    tensors, metadata = _read_safetensors(path)
+    if _CHECKSUM_KEY not in metadata and (directory / PEFT_LAYOUT_WEIGHTS_NAME).is_file():
+        # PEFT's format: PEFT's tensors back under our names, beside the rest of ours.
+        peft_tensors = tensors
+        path = directory / PEFT_LAYOUT_WEIGHTS_NAME
+        tensors, metadata = _read_safetensors(path)
+        ours = {peft: key for key, peft in json.loads(metadata.get(_PEFT_KEYS_KEY, "{}")).items()}
+        if set(peft_tensors) != set(ours):
+            raise ValueError(f"corrupted adapter checkpoint {directory}: {WEIGHTS_NAME} holds {sorted(peft_tensors)[:5]}, "
+                             f"{PEFT_LAYOUT_WEIGHTS_NAME} names {sorted(ours)[:5]}")
+        tensors.update({ours[name]: tensor for name, tensor in peft_tensors.items()})
     expected = metadata.get(_CHECKSUM_KEY)
     if expected is None:
         raise ValueError(f"{path} was not written by hf_clroute (no checksum in its metadata)")
     if tensor_checksum(tensors) != expected:
         raise ValueError(f"corrupted adapter checkpoint {path}: tensor checksum does not match")
     return tensors, metadata
+
+
+# ---- which backbone an adapter belongs to -------------------------------------------------
+#: config fields that do not define the backbone's architecture: where it was loaded from, the
+#: library version, labels and settings of a task head the base model drops, output and dtype choices
+_NOT_ARCHITECTURE = frozenset({
+    "_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "id2label", "label2id",
+    "num_labels", "problem_type", "finetuning_task", "task_specific_params", "output_attentions",
+    "output_hidden_states", "return_dict", "use_cache", "tokenizer_class", "prefix", "torchscript",
+})
+
+
+def backbone_fingerprint(model_or_config: Any) -> str:
+    """``'<model_type>:<hash>'`` of a backbone config's architecture-defining fields, the same for a
+    local copy and its Hub original, and for a task model and its base model; any change of shape,
+    vocabulary, norm epsilon or activation changes it. Only fields that differ from the config class's
+    defaults count, so a field a newer transformers adds (at its default) leaves it as it was."""
+    config = getattr(model_or_config, "config", model_or_config)
+    try:
+        defaults = type(config)().to_dict()
+    except (TypeError, ValueError):  # a config class without defaults for everything: every field counts
+        defaults = {}
+    fields = {
+        k: v for k, v in config.to_dict().items()
+        if k not in _NOT_ARCHITECTURE and not k.startswith("_") and (k not in defaults or defaults[k] != v)
+    }
+    digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
+    return f"{config.model_type}:{digest[:16]}"
+
+
+def check_backbone(config: CLConfig, backbone: nn.Module, source: str) -> None:
+    """Refuse a backbone whose fingerprint differs from the one the adapter recorded, naming both;
+    warn when only the names differ (a local copy of a Hub model, say)."""
+    recorded_name, given_name = config.base_model_name_or_path or "", getattr(backbone, "name_or_path", "") or ""
+    recorded, given = recorded_name or "an unnamed backbone", given_name or "an unnamed backbone"
+    fingerprint = backbone_fingerprint(backbone)
+    if config.base_model_fingerprint is not None and config.base_model_fingerprint != fingerprint:
+        raise ValueError(
+            f"adapter {source} was saved on backbone {recorded!r} (fingerprint {config.base_model_fingerprint}); "
+            f"the backbone given, {given!r} (fingerprint {fingerprint}), does not match it: another architecture or "
+            f"config. Load {recorded!r}, or use hf_clroute.AutoCLModel.from_pretrained({source!r})"
+        )
+    # A bench alias ('pretrained-vit:mnist') names no loadable model: only the fingerprint says anything.
+    if recorded_name and given_name and ":" not in recorded_name and not _same_name(recorded_name, given_name):
+        warnings.warn(
+            f"adapter {source} was saved on backbone {recorded!r} and is loaded onto {given!r}: the names differ, "
+            "the config fingerprints match", stacklevel=3,
+        )
+
+
+def _same_name(a: str, b: str) -> bool:
+    if os.path.isdir(a) and os.path.isdir(b):
+        return os.path.samefile(a, b)
+    return a.rstrip("/") == b.rstrip("/")
 
 
 def get_cl_model(backbone: nn.Module, config: CLConfig) -> CLModel:

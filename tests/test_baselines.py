@@ -163,11 +163,13 @@ def test_lora_is_peft_and_leaves_the_backbone_untouched(fitted_image, tmp_path):
     after = {k.replace(".base_layer", ""): v for k, v in model.backbone.state_dict().items() if "lora_" not in k}
     assert after.keys() == before.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    model.save_pretrained(tmp_path)
+    model.save_pretrained(tmp_path)  # PEFT's format: its file holds the LoRA matrices alone, the head is beside it
     with safe_open(str(tmp_path / WEIGHTS_NAME), framework="pt") as handle:
         keys = set(handle.keys())
-    assert keys and all(".lora_A." in k or ".lora_B." in k or k.startswith("head.") for k in keys)
-    assert any(".lora_B." in k for k in keys) and "head.weight" in keys
+    assert keys and all(".lora_A." in k or ".lora_B." in k for k in keys)
+    assert any(".lora_B." in k for k in keys)
+    with safe_open(str(tmp_path / "hf_clroute_model.safetensors"), framework="pt") as handle:
+        assert set(handle.keys()) == {"head.weight", "head.bias"}
 
 
 def tiny_char_lm() -> GPT2LMHeadModel:

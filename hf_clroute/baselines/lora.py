@@ -8,14 +8,17 @@ with ``fan_in_fan_out`` for GPT-2's Conv1D). PEFT moves each wrapped weight unde
 own tensors by identity, so the saved adapter holds only the LoRA matrices and
 the head. One set of adapters is trained across all tasks (no per-task adapters):
 the usual "LoRA fine-tuning" lower-ish bound for parameter-efficient methods.
+It is saved in PEFT's own format (see :meth:`LoraBaseline.peft_adapter`), so
+``peft.PeftModel.from_pretrained(backbone, directory)`` loads the LoRA matrices.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from peft import LoraConfig, inject_adapter_in_model
+from peft import LoraConfig, PeftConfig, inject_adapter_in_model
 
 from ..config import CLConfig
 from ..methods.base import ContinualMethod, seeded_init
@@ -65,3 +68,19 @@ class LoraBaseline(ContinualMethod):
         # whatever the global RNG holds when the model is built.
         with seeded_init(cfg.head_init_seed):
             inject_adapter_in_model(peft_config, model.backbone)
+        self.peft_config = peft_config
+
+    def peft_adapter(self, model: "CLModel") -> tuple[PeftConfig, dict[str, str]]:
+        """The LoRA config, for the model PEFT users load from ``base_model_name_or_path``: a causal LM
+        as ``CAUSAL_LM``, else the base model (``ViTModel``, ``BertModel``) with no task type. PEFT names a
+        tensor by its path under ``base_model.model.`` without the adapter name, as its own
+        ``get_peft_model_state_dict`` does (``...q_proj.lora_A.default.weight`` -> ``...q_proj.lora_A.weight``)."""
+        config = copy.deepcopy(self.peft_config)
+        config.task_type = "CAUSAL_LM" if model.spec.modality == "lm" else None
+        config.target_modules = sorted(config.target_modules)  # PEFT holds a set: saved in a fixed order
+        keys = {
+            key: "base_model.model." + key.removeprefix("backbone.").replace(".default", "")
+            for key in model.adapter_state_dict()
+            if key.startswith("backbone.")
+        }
+        return config, keys

@@ -14,6 +14,9 @@ real tokens' absolute positions shift by ``num_virtual_tokens``.
 
 PEFT's prompt tuning needs word embeddings, so it cannot run on a ViT (SPEC 10):
 use the ``vpt`` baseline (visual prompt tuning) there.
+
+It is saved in PEFT's own format (see :meth:`PromptTuningBaseline.peft_adapter`), so
+``peft.PeftModel.from_pretrained(bert, directory)`` loads the prompt.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import torch
-from peft import PromptTuningConfig, get_peft_model
+from peft import PeftConfig, PromptTuningConfig, get_peft_model
 
 from ..backbones import pooled_features
 from ..config import CLConfig
@@ -78,6 +81,11 @@ class PromptTuningBaseline(ContinualMethod):
         # only its prompt encoder, the one thing it adds.
         self.__dict__["_peft_model"] = peft_model
         self.prompt_encoder = peft_model.prompt_encoder
+
+    def peft_adapter(self, model: "CLModel") -> tuple[PeftConfig, dict[str, str]]:
+        """PEFT's config as ``get_peft_model`` completed it (layers, width, heads of the backbone); PEFT
+        saves a prompt-tuning adapter as one tensor, ``prompt_embeddings``: the prompt encoder's table."""
+        return self._peft_model.peft_config["default"], {"method.prompt_encoder.default.embedding.weight": "prompt_embeddings"}
 
     def features(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         if "features" in inputs:

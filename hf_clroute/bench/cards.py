@@ -2,7 +2,8 @@
 
 Evaluation results go into the card's ``model-index`` metadata through
 ``huggingface_hub.ModelCardData`` / ``EvalResult``, so the Hub (and
-``huggingface_hub.metadata_load``) reads them as structured results.
+``huggingface_hub.metadata_load``) reads them as structured results, beside the
+metadata every adapter card carries (``hf_clroute.model_card.card_data``).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import EvalResult, ModelCard
 
-from ..model_card import history_markdown, labels_markdown
+from ..model_card import card_data, files_markdown, history_markdown, labels_markdown
 from .settings import method_description
 
 TEMPLATE = Path(__file__).resolve().parent / "model_cards" / "adapter_card.md"
@@ -36,18 +37,17 @@ LIMITATIONS = (
 )
 
 
-def _is_hub_id(name: str | None) -> bool:
-    return bool(name) and "/" in name and ":" not in name and not Path(name).exists()
-
-
-def build_card(results: dict[str, Any], method: str, repo_id: str, adapter_config: dict[str, Any], plots: list[str]) -> ModelCard:
+def build_card(results: dict[str, Any], method: str, repo_id: str, adapter_config: dict[str, Any], plots: list[str],
+               peft_format: bool = False) -> ModelCard:
+    """``adapter_config``: the adapter's own config as a dict (``CLConfig.to_dict()``); ``peft_format``:
+    whether its directory is in PEFT's format (see ``CLModel.save_pretrained``)."""
     row = results["methods"][method]
     config = results["config"]
     base_model = adapter_config.get("base_model_name_or_path") or config.get("backbone", "")
-    modality = "image-classification" if "vit" in str(config.get("backbone", "")) else "text-classification"
+    metadata = card_data(adapter_config, tags=[results["suite"]], model_name=repo_id)
     eval_results = [
         EvalResult(
-            task_type=modality,
+            task_type=metadata.pipeline_tag or "text-classification",
             task_name=f"continual learning ({config.get('scenario', 'class')}-incremental)",
             dataset_type=str(config.get("dataset")),
             dataset_name=results["suite"],
@@ -58,23 +58,18 @@ def build_card(results: dict[str, Any], method: str, repo_id: str, adapter_confi
         for key, (metric_type, label) in CARD_METRICS.items()
         if row.get(key)
     ]
-    card_data = ModelCardData(
-        model_name=repo_id,
-        library_name="hf_clroute",
-        tags=["continual-learning", "hf_clroute", method, results["suite"]],
-        base_model=base_model if _is_hub_id(base_model) else None,
-        eval_results=eval_results,
-    )
+    metadata.eval_results = eval_results
     metrics = [(label, f"{row[k]['mean'] * 100:.2f} ± {row[k]['std'] * 100:.2f}") for k, (_, label) in CARD_METRICS.items() if row.get(k)]
     training = dict(config.get("training", {}))
     return ModelCard.from_template(
-        card_data,
+        metadata,
         template_path=str(TEMPLATE),
         model_name=repo_id,
         repo_id=repo_id,
         method=method,
         method_description=method_description(method),
         base_model=base_model,
+        files=files_markdown(peft_format),
         suite=results["suite"],
         suite_description=config.get("description", ""),
         n_tasks=config.get("n_tasks"),

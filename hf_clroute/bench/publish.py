@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 
+from ..config import PEFT_LAYOUT_CONFIG_NAME, CLConfig
 from ..io import push_folder
 
 
@@ -41,6 +42,8 @@ def push_run(run_dir: str | os.PathLike, repo_id: str, *, method: str | None = N
             shutil.copy2(run_dir / "plots" / name, stage / "plots" / name)
         one_method = {**results, "methods": {method: results["methods"][method]}}
         (stage / "results.json").write_text(json.dumps(one_method, indent=2, sort_keys=True) + "\n")
-        adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text())
-        build_card(results, method, repo_id, adapter_config, plots).save(stage / "README.md")
+        # Our config, in either layout (a PEFT method's adapter_config.json is PEFT's own).
+        adapter_config = CLConfig.from_pretrained(adapter_dir).to_dict()
+        peft_format = (adapter_dir / PEFT_LAYOUT_CONFIG_NAME).is_file()
+        build_card(results, method, repo_id, adapter_config, plots, peft_format).save(stage / "README.md")
         return push_folder(stage, repo_id, what=f"{run_dir} (adapter {method})", **kwargs)

@@ -28,6 +28,7 @@ from ..outputs import CLModelOutput, model_inputs
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import IterableDataset
+    from peft import PeftConfig
 
     from ..data.streams import Experience
     from ..model import CLModel
@@ -180,6 +181,12 @@ class ContinualMethod(nn.Module):
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`extra_state`; called *before* tensors load, so modules can be resized."""
+
+    def peft_adapter(self, model: "CLModel") -> "tuple[PeftConfig, dict[str, str]] | None":
+        """For a method that is PEFT's own (LoRA, prompt tuning): PEFT's config of the adapter and
+        the names PEFT gives its tensors (our state-dict key -> PEFT's key), so the adapter is saved
+        in PEFT's format (``CLModel.save_pretrained``). None, the default: hf_clroute's format."""
+        return None
 
 
 def add_global_batch(buffer: Any, features: torch.Tensor, labels: torch.Tensor, ctx: StepContext) -> None:
