@@ -98,8 +98,9 @@ class RwfConfig(CLConfig):
         default="identity",
         metadata={
             "help": "Frozen W_V, tuned on validation (rwf.json's search points). The paper freezes W_V without "
-            "fixing it. 'identity' (the default, ours, kept until validation over the three suites picks one: "
-            "see each suite's selection.json): prompts are convex mixtures of the block's tokens, inputs the "
+            "fixing it. 'identity' (the default, ours; validation picked it on split-mnist and split-fashion "
+            "--quick, seed 0, wordnet not yet tuned: see each suite's selection.json): prompts are convex "
+            "mixtures of the block's tokens, inputs the "
             "frozen attention already understands, but routing can then only re-weight attention, never add "
             "a direction; 'orthogonal' (seeded): a norm-preserving rotation, prompts off the tokens' span; "
             "'pretrained': the block's own attention value projection (weight and bias)."
