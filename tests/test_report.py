@@ -65,10 +65,13 @@ def test_the_controls_table_names_its_upper_bound_joint_else_joint_frozen():
     rows = {"rwf": _row([0.5] * 5), "rwf-head-only": _row([0.52] * 5), "slda": _row([0.9] * 5),
             "joint-frozen": _row([0.85] * 5)}
     table = controls_table({"mnist": rows})
-    assert "| rwf | 50.0 ± 0.0 | n/a | rwf-head-only | 52.0 ± 0.0 | -2.0 ± 0.0 (0 of 5, p 0): worse | slda |" in table
+    # the same difference on every seed: certain (p 0); no test size recorded: SE n/a
+    assert "| rwf | 50.0 ± 0.0 | n/a | rwf-head-only | 52.0 ± 0.0 | -2.0 ± 0.0 (0 of 5, p 0): worse |" in table
     assert table.rstrip().endswith("| joint-frozen 85.0 ± 0.0 |")
     table = controls_table({"mnist": rows | {"joint": _row([0.95] * 5, edge=True)}})
     assert table.rstrip().endswith("| joint† 95.0 ± 0.0 |")  # an edge pick is marked wherever it is shown
+    rows["joint-frozen"]["settings"] = {"training": {"epochs": 4}}  # the epochs validation chose
+    assert controls_table({"mnist": rows}).rstrip().endswith("| joint-frozen 85.0 ± 0.0 (4 ep.) |")
     assert controls_table({"mnist": {"rwf": _row([0.5]), "rwf-head-only": _row([0.5])}}).rstrip().endswith("| — |")
 
 

@@ -49,7 +49,8 @@ def test_every_method_file_gets_exactly_the_budget():
 def test_a_method_without_knobs_searches_weight_decay_and_explicit_points_are_read(monkeypatch):
     assert {p["training.weight_decay"] for p in search_grid("finetune", trains=True)} == set(tuning.WEIGHT_DECAYS)
     files = {
-        "pts": {"search": {"points": [{"config.a": a, "config.b": b} for a, b in ((1, "x"), (2, "x"), (1, "y"), (4, "y"))]}},
+        "pts": {"search": {"points": [{"config.a": a, "config.b": b}
+                                      for a, b in ((1, "x"), (2, "x"), (1, "y"), (4, "y"))]}},
         "nested": {"search": {"config.head_options": [{"ridge_lambda": 0.1, "dim": 8}, {"ridge_lambda": 1.0, "dim": 8}],
                               "config.k": [1, 2]}},
         "small": {"search": {"config.k": [1, 2, 3]}},

@@ -381,7 +381,8 @@ def verdicts_markdown(results: dict) -> str:
     if not shown:
         return ""
     lines = ["", "Paired verdicts. " + PAIRED_NOTE, "",
-             "| method | control | method − control | best statistics head | method − head |", "|---|---|---|---|---|"]
+             "| method | control | method − control | best statistics head | method − head |",
+             "|---|---|---|---|---|"]
     lines += [f"| {m} | {c['control'] or '—'} | {paired_cell(c['vs_control']) if c['control'] else '—'} | "
               f"{c['statistics_head'] or '—'} | "
               f"{paired_cell(c['vs_statistics_head']) if c['statistics_head'] else '—'} |" for m, c in shown.items()]

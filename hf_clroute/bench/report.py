@@ -165,9 +165,19 @@ PAIRED_NOTE = ("Paired differences are taken seed by seed (a method and its part
                "test set): mean ± std of the difference in points, the number of seeds where the method is "
                f"higher of those both ran, the two-sided p of the paired t test; the verdict is better/worse at "
                f"p < 0.05 with at least {MIN_PAIRED_SEEDS} seeds, tie otherwise, and \"too few seeds\" below "
-               f"{MIN_PAIRED_SEEDS}. SE: the test-sampling standard error of A_T, sqrt(p (1 - p) / N_test) with "
-               "N_test the suite's fixed test set (binomial; it leaves out the seed-to-seed spread that the std "
-               "shows). † : the pick is still on the edge of its search grid after extension (selection.json).")
+               f"{MIN_PAIRED_SEEDS}.")
+SE_NOTE = ("SE: the test-sampling standard error of A_T, sqrt(p (1 - p) / N_test) with N_test the suite's fixed "
+           "test set (binomial; it leaves out the seed-to-seed spread that the std shows). † : the pick is still on "
+           "the edge of its search grid after extension (selection.json).")
+
+
+def upper_bound_cell(rows: dict[str, dict]) -> str:
+    """Joint training (else joint-frozen) with its A_T and the epochs per task it trained (chosen on validation)."""
+    bound = next((m for m in UPPER_BOUNDS if m in rows), None)
+    if not bound:
+        return "—"
+    epochs = ((rows[bound].get("settings") or {}).get("training") or {}).get("epochs")
+    return f"{bound}{edge_mark(rows[bound])} {_a_t(rows[bound])}" + (f" ({epochs} ep.)" if epochs else "")
 
 
 def controls_table(every: dict[str, dict], test_sizes: dict[str, int | None] | None = None) -> str:
@@ -181,7 +191,6 @@ def controls_table(every: dict[str, dict], test_sizes: dict[str, int | None] | N
         if not shown:
             continue
         n_test = (test_sizes or {}).get(suite)
-        bound = next((m for m in UPPER_BOUNDS if m in rows), None)
         lines += [f"### {suite}\n",
                   "| method | A_T | SE | control | control A_T | method − control | best statistics head | its A_T | "
                   "method − head | upper bound |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -192,13 +201,12 @@ def controls_table(every: dict[str, dict], test_sizes: dict[str, int | None] | N
                 f"| {method}{edge_mark(rows[method])} | {_a_t(rows[method])} | {se_cell(rows[method], n_test)} | "
                 f"{c['control']}{edge_mark(rows[c['control']])} | {_a_t(rows[c['control']])} | "
                 f"{paired_cell(c['vs_control'])} | {head or '—'} | {_a_t(rows.get(head))} | "
-                f"{paired_cell(c['vs_statistics_head']) if head else '—'} | "
-                f"{f'{bound}{edge_mark(rows[bound])} {_a_t(rows[bound])}' if bound else '—'} |")
+                f"{paired_cell(c['vs_statistics_head']) if head else '—'} | {upper_bound_cell(rows)} |")
         lines.append("")
     if not lines:
         return ""
     intro = ("## Methods against their controls and the strongest simple baseline\n\n"
-             "A_T (%), mean ± std over seeds. " + PAIRED_NOTE + " The upper bound is joint training of the whole "
-             "model, or, where that was not run, joint training of a head on the frozen backbone (`joint-frozen`), "
-             "each at the epochs chosen on validation.\n\n")
+             "A_T (%), mean ± std over seeds. " + PAIRED_NOTE + " " + SE_NOTE + " The upper bound is joint "
+             "training of the whole model, or, where that was not run, joint training of a head on the frozen "
+             "backbone (`joint-frozen`), each at the epochs per task chosen on validation (ep.).\n\n")
     return intro + "\n".join(lines) + "\n"
