@@ -14,13 +14,19 @@ With "from_adapter" the run continues that adapter on the suite's stream (classe
 knows keep their ids, new ones come after them; "method" must be the adapter's).
 Checkpoints go to <output_dir>/checkpoints; pass --resume to continue a stopped run
 from its latest checkpoint.
+
+Several machines and sharded models: configs/accelerate/two-nodes.yaml, configs/accelerate/fsdp2.yaml
+and README "Scaling out".
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
+
+from accelerate.utils import DistributedType
 
 from hf_clroute.bench.classification import adapter_method, run_method, summarize_result
 from hf_clroute.bench.settings import resolve_run
@@ -52,6 +58,20 @@ def get_suite(config: dict) -> SuiteConfig:
     return suite.quick_version() if config.get("quick") else suite
 
 
+def refuse_ignored_fsdp(accelerator) -> None:
+    """Stop a launch that asked for FSDP (``ACCELERATE_USE_FSDP``, set by an FSDP config file) but got
+    another kind of run: Accelerate shards only on accelerators and otherwise falls back to DDP
+    silently, so a model that needs sharding would be replicated on every process."""
+    asked = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if asked and accelerator.distributed_type != DistributedType.FSDP:
+        version = os.environ.get("FSDP_VERSION", "1")
+        raise SystemExit(
+            f"FSDP (fsdp_version {version}) was asked for, but Accelerate started a {accelerator.distributed_type.value} "
+            f"run on {accelerator.device.type}: Accelerate shards models only on accelerators (GPU, NPU, XPU...), "
+            "so here every process would hold the whole model. Launch on GPU machines, or drop the FSDP config "
+            "(plain DDP: --multi_gpu, ACCELERATE_USE_CPU=1 on CPUs)")
+
+
 def training_function(config: dict, args: argparse.Namespace) -> dict:
     suite = get_suite(config)
     out = Path(config["output_dir"])
@@ -60,6 +80,7 @@ def training_function(config: dict, args: argparse.Namespace) -> dict:
         overrides["stop_after_steps"] = args.stop_after_steps
     training = resolve_run(suite, config["method"], config.get("seed", 0), overrides).training
     accelerator = make_accelerator(training)
+    refuse_ignored_fsdp(accelerator)
     resume = str(out / "checkpoints") if args.resume else None
     result, model, settings = run_method(
         suite, config["method"], training.seed, accelerator=accelerator, resume_from=resume,

@@ -58,6 +58,11 @@ class SuiteConfig:
     train_per_class: int | None = field(default=None, metadata={"help": "Training examples per class (None = all)."})
     test_per_class: int | None = field(default=None, metadata={"help": "Test examples per class (None = all)."})
     max_length: int = field(default=64, metadata={"help": "Token limit for text backbones."})
+    streaming: bool = field(
+        default=False,
+        metadata={"help": "Read `dataset` (a directory of train-*/test-*.parquet shards) as a stream, never loaded "
+                          "into memory: hf_clroute.data.streaming (no per-class subsampling or validation split)."},
+    )
     training: dict[str, Any] = field(default_factory=dict, metadata={"help": "TrainingConfig fields for every method."})
     methods: list[str] = field(
         default_factory=list, metadata={"help": "Methods `hf-clroute bench` runs by default (hf_clroute/configs/methods/<name>.json)."}
@@ -228,6 +233,10 @@ def build_stream(suite: SuiteConfig, seed: int) -> list:
 
     if suite.scenario == "domain":
         raise ValueError("domain-incremental suites take a list of datasets; not supported by SuiteConfig yet")
+    if suite.streaming:
+        from ..data.streaming import streaming_suite_stream
+
+        return streaming_suite_stream(suite, seed)
     dsets = load_labeled_dataset(resolve_dataset_path(suite.dataset), input_column=suite.input_column,
                                  label_column=suite.label_column, train_split=suite.train_split,
                                  test_split=suite.test_split, test_fraction=suite.test_fraction, seed=0)

@@ -3,6 +3,7 @@
 from .collate import CausalLMCollator, ImageCollator, TextClassificationCollator
 from .loading import column_array, infer_modality, load_labeled_dataset, load_text_corpus
 from .sources import SOURCES, Source, cache_dir, load_source, prepare_all, prepare_source
+from .streaming import class_incremental_streaming, parquet_stream
 from .streams import (
     Experience,
     class_incremental,
@@ -22,6 +23,7 @@ __all__ = [
     "TextClassificationCollator",
     "cache_dir",
     "class_incremental",
+    "class_incremental_streaming",
     "classes_with_at_least",
     "column_array",
     "domain_incremental",
@@ -29,6 +31,7 @@ __all__ = [
     "load_labeled_dataset",
     "load_source",
     "load_text_corpus",
+    "parquet_stream",
     "permuted",
     "prepare_all",
     "prepare_source",

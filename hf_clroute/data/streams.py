@@ -135,13 +135,17 @@ class Experience:
         """
         if epochs < 1:
             raise ValueError(f"experience {self.name!r}: epochs must be >= 1, got {epochs}")
-        stream = self.train.to_iterable_dataset(num_shards=1)
+        # A streamed task (data.streaming) is read as it comes, shard after shard.
+        stream = self.train if isinstance(self.train, IterableDataset) else self.train.to_iterable_dataset(num_shards=1)
         return stream.repeat(epochs) if epochs > 1 else stream
 
     def __repr__(self) -> str:
-        validation = "" if self.validation is None else f", validation={len(self.validation)}"
+        def size(split: Any) -> Any:  # a stream has no length until read
+            return "stream" if isinstance(split, IterableDataset) else len(split)
+
+        validation = "" if self.validation is None else f", validation={size(self.validation)}"
         return (f"Experience(task_id={self.task_id}, name={self.name!r}, classes={self.classes}, "
-                f"train={len(self.train)}, test={len(self.test)}{validation})")
+                f"train={size(self.train)}, test={size(self.test)}{validation})")
 
 
 def validation_stream(experiences: Sequence[Experience]) -> list[Experience]:

@@ -7,9 +7,13 @@ batches and their order never depend on the number of workers.
 With one process, a collator that takes columns (``takes_columns = True``: the collators of
 :mod:`hf_clroute.data.collate`) gets each batch as the chunk's column slices, which it converts
 in one step, with no per-row dicts; the batches go to the device here, as Accelerate's loader
-would move them. With several processes, the rows go through Accelerate's prepared loader,
-which deals each global batch out to the processes (``split_batches``). Both give the same
-tensors, so the same numbers.
+would move them.
+
+With several processes (on one machine or several), each process reads its own share of the
+stream (:func:`process_share`, through ``datasets.distributed.split_dataset_by_node``): every
+global batch is cut into one consecutive part per process, the slice Accelerate's
+``split_batches`` would deal it, so 1 and N processes train on the same global batches. Only a
+process's own parts are decoded and collated there; nothing goes through a dispatcher.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import datasets
 import numpy as np
+from datasets.distributed import split_dataset_by_node
 import torch
 from accelerate import Accelerator
 from accelerate.utils import send_to_device
@@ -118,6 +123,57 @@ def fixed_row_bytes(features: datasets.Features | None) -> int:
     return total
 
 
+def process_share(data: datasets.IterableDataset, batch_size: int, process_index: int,
+                  num_processes: int) -> datasets.IterableDataset:
+    """Process ``process_index``'s part of every global batch of a training stream, one part a row.
+
+    Each global batch of ``batch_size`` rows is cut into ``num_processes`` consecutive parts of
+    ``batch_size // num_processes`` rows; ``split_dataset_by_node`` (``examples`` strategy: part k
+    of each batch to process k, whatever the shard count) gives this process its part. A short
+    last batch is first completed by repeating its own rows, so every process takes the same
+    number of steps (Accelerate's loader completes it from the stream's first rows instead).
+    Images stay undecoded here: :class:`ShareReader` decodes only this process's parts.
+    """
+    if batch_size % num_processes:
+        raise ValueError(f"TrainingConfig.batch_size={batch_size} is the global batch and must divide evenly "
+                         f"among the {num_processes} processes")
+    part = batch_size // num_processes
+
+    def deal(batch: Columns) -> Columns:
+        rows = len(next(iter(batch.values())))
+        order = np.resize(np.arange(rows), batch_size)  # whole batches unchanged; a short one wraps around
+        return {name: [[values[i] for i in order[k * part:(k + 1) * part]] for k in range(num_processes)]
+                for name, values in batch.items()}
+
+    parts = data.decode(False).map(deal, batched=True, batch_size=batch_size)
+    return split_dataset_by_node(parts, rank=process_index, world_size=num_processes, strategy="examples")
+
+
+class ShareReader(torch.utils.data.IterableDataset):
+    """A :func:`process_share` stream as batches: each part decoded (images) and given as column
+    slices (``columns=True``) or as row dicts; parts are dealt to DataLoader workers in turn."""
+
+    def __init__(self, share: datasets.IterableDataset, features: datasets.Features | None,
+                 columns: bool) -> None:
+        self.share, self.features, self.columns = share, features, columns
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        workers, rank = (info.num_workers, info.id) if info is not None else (1, 0)
+        # ``iter`` rather than ``for``: a datasets stream iterated in a worker would split by shards.
+        for index, chunk in enumerate(self.share.iter(batch_size=1)):
+            if index % workers != rank:
+                continue
+            batch = {name: values[0] for name, values in chunk.items()}
+            if self.features is not None:
+                batch = self.features.decode_batch(batch)
+            if self.columns:
+                yield batch
+            else:
+                names = list(batch)
+                yield [dict(zip(names, row)) for row in zip(*(batch[name] for name in names))]
+
+
 class DeviceBatches:
     """A DataLoader's batches moved to ``device`` (nothing to move on the CPU)."""
 
@@ -138,11 +194,17 @@ def training_loader(data: Any, collator: Callable, config: TrainingConfig,
     in stream order, with the config's workers, prefetch and pinning.
 
     One process: a plain DataLoader (column slices for a collator that takes them), moved to the
-    device here. Several: the loader prepared by Accelerate, which deals the batches out.
+    device here. Several: each process reads its part of every global batch (:func:`process_share`);
+    a map-style dataset (no stream) still goes through the loader Accelerate prepares.
     """
     options = config.loader_options(accelerator.device)
     iterable = isinstance(data, datasets.IterableDataset)
-    if accelerator.num_processes == 1 and iterable and getattr(collator, "takes_columns", False):
+    columns = getattr(collator, "takes_columns", False)
+    if accelerator.num_processes > 1 and iterable:
+        share = process_share(data, config.batch_size, accelerator.process_index, accelerator.num_processes)
+        loader = DataLoader(ShareReader(share, data.features, columns), batch_size=None, collate_fn=collator, **options)
+        return DeviceBatches(loader, accelerator.device, non_blocking=options["pin_memory"])
+    if accelerator.num_processes == 1 and iterable and columns:
         loader = DataLoader(OrderedStream(data, config.batch_size, columns=True), batch_size=None,
                             collate_fn=collator, **options)
         return DeviceBatches(loader, accelerator.device, non_blocking=options["pin_memory"])
