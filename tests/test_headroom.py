@@ -29,8 +29,7 @@ def headroom_file(tiny_suite, tmp_path_factory):
     study = {
         "name": "headroom-tiny", "runner": "headroom", "suite": str(suite),
         "adapters": ["rwf-identity-cosine", "lastblock"],
-        "adapter_settings": {"rwf-identity-cosine": {"method": "rwf", "config": {"value_init": "identity"}},
-                             "lastblock": {"method": "finetune", "last_block_only": True}},
+        "adapter_settings": {"rwf-identity-cosine": {"method": "rwf", "config": {"value_init": "identity"}}},
         "epochs": [1, 2], "learning_rates": [0.001], "ranpac_projection_dim": 64,
     }
     path = root / "headroom-tiny.json"
@@ -60,7 +59,7 @@ def test_runner_writes_every_adapter_and_readout_against_the_same_frozen_feature
     assert {line.split("|")[2].strip() for line in lines} == set(READOUTS)
 
 
-def test_adapted_module_is_frozen_and_last_block_only_trains_the_last_block(headroom_file):
+def test_adapted_module_is_frozen_and_lastblock_trains_the_last_block(headroom_file):
     headroom = HeadroomSuite.load(str(headroom_file))
     suite = SuiteConfig.load(headroom.suite)
     model, _ = build_adapter(headroom, suite, "lastblock", 0, 1e-3, 1)

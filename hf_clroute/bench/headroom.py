@@ -17,8 +17,8 @@ paired gain (adapted minus frozen, same seed, same readout) bounds what any cont
 protocol could gain from the adapter on this suite: the adapter saw every class at once.
 
 A headroom suite file names the classification suite, the adapters (method settings
-files, or ``adapter_settings`` entries: a method, config fields, and
-``last_block_only`` for fine-tuning the last transformer block only) and the grids.
+files, e.g. ``lastblock`` for fine-tuning the last transformer block only, or
+``adapter_settings`` entries: a method and config fields) and the grids.
 """
 
 from __future__ import annotations
@@ -33,12 +33,10 @@ import numpy as np
 import torch
 from datasets import concatenate_datasets
 
-from ..backbones import get_blocks
 from ..data.collate import decode_stream_if_small
 from ..data.streams import Experience, validation_stream
 from ..engine import ContinualTrainer, make_accelerator
 from ..heads import RandomProjectionRidgeHead, StreamingLDAHead
-from ..methods.base import freeze_all_but
 from ..metrics import mean_std
 from ..model import CLModel, get_cl_model
 from .feature_cache import FeatureCollator, cache_stream_features
@@ -62,7 +60,7 @@ class HeadroomSuite:
     adapter_settings: dict[str, dict[str, Any]] = field(
         default_factory=dict,
         metadata={"help": "Adapter name -> {'method': settings file or registered method, 'config': adapter config "
-                          "fields on top of the method's, 'last_block_only': train only the last block (and the head)}."},
+                          "fields on top of the method's}."},
     )
     epochs: list[int] = field(default_factory=lambda: [1, 3, 5],
                               metadata={"help": "Epoch grid over the joint task (same for every adapter)."})
@@ -93,20 +91,19 @@ class HeadroomSuite:
         if unknown:  # a typo there would silently run the method file of the same name instead
             raise ValueError(f"suite {self.name!r}: adapter_settings names {unknown}, which are not in adapters")
         for adapter, spec in self.adapter_settings.items():
-            bad = sorted(set(spec) - {"method", "config", "last_block_only"})
+            bad = sorted(set(spec) - {"method", "config"})
             if bad:
                 raise ValueError(f"suite {self.name!r}: adapter_settings.{adapter} has unknown key(s) {bad}; "
-                                 "known: method, config, last_block_only")
+                                 "known: method, config")
 
     @classmethod
     def load(cls, name_or_path: str, quick: bool = False) -> "HeadroomSuite":
         return load_suite(cls, name_or_path, quick)
 
     def adapter(self, name: str) -> dict[str, Any]:
-        """``{"method", "config", "last_block_only"}`` of adapter ``name``."""
+        """``{"method", "config"}`` of adapter ``name``."""
         spec = self.adapter_settings.get(name, {})
-        return {"method": spec.get("method", name), "config": dict(spec.get("config", {})),
-                "last_block_only": bool(spec.get("last_block_only", False))}
+        return {"method": spec.get("method", name), "config": dict(spec.get("config", {}))}
 
 
 # ------------------------------------------------------------------ data
@@ -196,13 +193,7 @@ def build_adapter(headroom: HeadroomSuite, suite: SuiteConfig, name: str, seed: 
     settings = resolve_run(suite, spec["method"], seed, overrides, spec["config"])
     backbone, _ = load_suite_backbone(suite)
     settings.adapter_config.base_model_name_or_path = suite.backbone
-    model = get_cl_model(backbone, settings.adapter_config)
-    if spec["last_block_only"]:
-        if settings.adapter_config.freeze_backbone:
-            raise ValueError(f"adapter {name!r}: last_block_only needs a method that trains the backbone "
-                             f"({spec['method']!r} freezes it)")
-        freeze_all_but(model.backbone, [get_blocks(model.backbone)[-1]])
-    return model, settings.training
+    return get_cl_model(backbone, settings.adapter_config), settings.training
 
 
 def adapt(headroom: HeadroomSuite, suite: SuiteConfig, name: str, seed: int, joint: Experience, collator: Callable,
