@@ -36,8 +36,9 @@ def write_benchmarks(results_root: Path, out: Path) -> Path:
     from .plots import write_plots
 
     runs = {path: json.loads(path.read_text()) for path in sorted(results_root.glob("*/results.json"))}
-    classification = {r["suite"]: r["methods"] for r in runs.values() if "reference" in r}
-    test_sizes = {r["suite"]: r.get("test_size") for r in runs.values() if "reference" in r}
+    # Keyed by the results folder: one suite can have several tables (e.g. one per protocol round).
+    classification = {path.parent.name: r["methods"] for path, r in runs.items() if "reference" in r}
+    test_sizes = {path.parent.name: r.get("test_size") for path, r in runs.items() if "reference" in r}
     sections = []
     for results_file, results in runs.items():
         if "reference" in results:  # a classification bench run (other runners draw their own plots)
@@ -50,12 +51,17 @@ def write_benchmarks(results_root: Path, out: Path) -> Path:
         plots = sorted((results_file.parent / "plots").glob("*.png"))
         links = " · ".join(f"[{p.stem}]({os.path.relpath(p.resolve(), out.resolve().parent)})" for p in plots)
         sections.append(
-            f"## {results['suite']}\n\n```bash\n{command}\n```\n\n{table}\n" + (f"\nPlots: {links}\n" if links else "")
+            f"## {title(results_file.parent.name, results['suite'])}\n\n```bash\n{command}\n```\n\n{table}\n" + (f"\nPlots: {links}\n" if links else "")
         )
     page = (HEADER + controls_table(classification, test_sizes) + summary_table(classification)
             + study_tables(classification))
     atomic_write_text(out, page + "\n".join(sections))
     return out
+
+
+def title(folder: str, suite: str) -> str:
+    """A results section's heading: its suite, and the folder where it is not the suite's name."""
+    return suite if folder == suite else f"{folder} (suite {suite})"
 
 
 def _a_t(row: dict | None) -> str:
