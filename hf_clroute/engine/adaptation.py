@@ -37,14 +37,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ..data.loading import column_array
 from ..data.streams import Experience
 from ..heads import IncrementalClassifier, StatisticsHead
 from ..methods.base import StepContext
 from ..outputs import model_inputs
+from ..progress import progress_bar
 from .loading import training_loader
+from .prepared import release_prepared
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
@@ -108,8 +109,6 @@ def prepare_adaptation(trainer: "ContinualTrainer") -> None:
 
 def _adapt(trainer: "ContinualTrainer", settings: "AdaptationConfig", adapter: list[torch.nn.Parameter],
            first: Experience, data: "Dataset") -> dict[str, Any]:
-    from .trainer import release_prepared
-
     model, accelerator, cfg = trainer.model, trainer.accelerator, trainer.config
     started = time.perf_counter()
     head, classes = model.head, list(first.classes)
@@ -129,7 +128,7 @@ def _adapt(trainer: "ContinualTrainer", settings: "AdaptationConfig", adapter: l
         loader = training_loader(dataclasses.replace(first, train=data).train_stream(settings.epochs),
                                  trainer.collator, batches, accelerator)
         show = cfg.progress and accelerator.is_local_main_process
-        for batch in tqdm(loader, desc=f"adaptation ({first.name})", disable=not show, leave=False):
+        for batch in progress_bar(loader, progress=show, desc=f"adaptation ({first.name})", leave=False):
             out = train_model(**batch)
             accelerator.backward(out.loss)
             if cfg.max_grad_norm:
