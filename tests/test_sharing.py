@@ -90,4 +90,4 @@ def test_benchmarks_page_is_generated_from_results(bench_run, tmp_path):
     root = tmp_path / "results"
     shutil.copytree(bench_run, root / "tiny", ignore=shutil.ignore_patterns("adapters"))
     page = write_benchmarks(root, tmp_path / "BENCHMARKS.md").read_text()
-    assert "## tiny-mnist" in page and "hf-clroute bench --suite" in page and "| finetune |" in page
+    assert "## tiny (suite tiny-mnist)" in page and "hf-clroute bench --suite" in page and "| finetune |" in page
