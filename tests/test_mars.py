@@ -747,21 +747,13 @@ def test_stage1_rehearses_the_memory_on_routed_anchors():
 @pytest.mark.parametrize(
     "method", ["mars", "mars-head-only", "mars-task-keys", "mars-gaussian-align", "mars-no-sgse", "mars-no-anchor"]
 )
-def test_settings_files_name_the_variants_and_search_with_the_same_budget(method):
-    from hf_clroute.bench.settings import resolve_run, unflatten
+def test_settings_files_name_the_variants_and_search_with_the_same_budget(method, checked_search_grid):
+    from hf_clroute.bench.settings import resolve_run
     from hf_clroute.bench.suites import SuiteConfig
-    from hf_clroute.bench.tune import BUDGET, search_grid
 
     suite = SuiteConfig.load("split-mnist")
     config = resolve_run(suite, method, 0).adapter_config
     # Only the named variants depart from the paper's growth and anchors.
     assert config.keys_per_task == (4 if method == "mars-task-keys" else 0)
     assert config.anchors == ("class_gaussian" if method == "mars-gaussian-align" else "slot")
-    grid = search_grid(method, trains=True)
-    assert len(grid) == BUDGET and len({tuple(sorted(p.items())) for p in grid}) == BUDGET
-    for point in grid:
-        layers = unflatten(point)
-        run = resolve_run(suite, method, 0, overrides=layers["training"], config_overrides=layers["config"])
-        for key, value in point.items():
-            section, name = key.split(".")
-            assert getattr(run.adapter_config if section == "config" else run.training, name) == value
+    checked_search_grid(method)

@@ -584,21 +584,10 @@ SEARCHED = ["rwf", "rwf-dot", "rwf-static", "rwf-pretrained-key", "rwf-full-soft
 
 
 @pytest.mark.parametrize("method", SEARCHED)
-def test_search_grids_are_valid_configurations_with_rwf_s_budget(method):
+def test_search_grids_are_valid_configurations_with_rwf_s_budget(method, checked_search_grid):
     """RwF and its control get the same budget, each point a valid run; rwf's points cover the
     three frozen value projections and a second temperature."""
-    from hf_clroute.bench.settings import unflatten
-    from hf_clroute.bench.tune import BUDGET, search_grid
-
-    grid = search_grid(method, trains=True)
-    assert len(grid) == BUDGET and len({tuple(sorted(p.items())) for p in grid}) == BUDGET
-    suite = SuiteConfig.load("split-mnist")
-    for point in grid:
-        layers = unflatten(point)
-        run = resolve_run(suite, method, 0, overrides=layers["training"], config_overrides=layers["config"])
-        for key, value in point.items():
-            section, name = key.split(".")
-            assert getattr(run.adapter_config if section == "config" else run.training, name) == value
+    grid = checked_search_grid(method)
     if method == "rwf":
         assert {p["config.value_init"] for p in grid} == set(RwfConfig.MATRIX_INITS)
         assert len({p["config.temperature"] for p in grid}) == 2
