@@ -7,7 +7,9 @@ from datasets import Dataset
 from torch import nn
 
 from hf_clroute.bench.feature_cache import FeatureCollator
-from hf_clroute.bench.probes import forgetting_split, probe_seen_tasks
+from hf_clroute.bench import probes
+from hf_clroute.bench.probes import fit_probe, forgetting_split, probe_seen_tasks
+from hf_clroute.bench.report import above_floor, deep_forgetting_floor
 from hf_clroute.data.streams import Experience
 from hf_clroute.outputs import CLModelOutput
 
@@ -49,3 +51,58 @@ def test_probe_covers_every_seen_class_not_only_the_task_pair():
 def test_forgetting_split_is_the_drop_of_head_and_probe():
     split = forgetting_split([[0.9, 0.0], [0.4, 0.8]], probe_diag=[0.95, 0.9], probe_final=[0.85, 0.9])
     assert split["head"] == 0.9 - 0.4 and abs(split["deep"] - 0.1) < 1e-12
+
+
+def gaussian_classes(n_per_class: int, seed: int, classes: int = 6, dim: int = 12):
+    """Classes with a shared, strongly anisotropic covariance: the setting LDA is built for."""
+    g = torch.Generator().manual_seed(seed)
+    means = 1.5 * torch.randn(classes, dim, generator=torch.Generator().manual_seed(123))
+    mix = torch.randn(dim, dim, generator=torch.Generator().manual_seed(7)) * torch.linspace(0.2, 3.0, dim)
+    y = torch.arange(classes).repeat_interleave(n_per_class)
+    x = means[y] + torch.randn(len(y), dim, generator=g) @ mix.T
+    return x, y
+
+
+def test_probe_reads_features_at_least_as_well_as_streaming_lda():
+    from hf_clroute.heads import StreamingLDAHead
+
+    x, y = gaussian_classes(500, seed=0)
+    x_test, y_test = gaussian_classes(300, seed=1)
+    lda = StreamingLDAHead(x.shape[1], shrinkage=1e-4, num_classes=6)
+    lda.accumulate(x, y)
+    lda.sync()
+    lda_accuracy = (lda(x_test.double()).argmax(1) == y_test).double().mean().item()
+    probe_accuracy = (fit_probe(x, y)(x_test) == y_test).double().mean().item()
+    assert probe_accuracy >= lda_accuracy - 0.01, (probe_accuracy, lda_accuracy)
+
+
+def test_probe_chooses_its_penalty_on_held_out_training_examples():
+    x, y = gaussian_classes(100, seed=2)
+    chosen = []
+    real_fit = probes.fit_logistic
+
+    def spy(x_fit, y_fit, weight_decay, **kwargs):
+        chosen.append((len(x_fit), weight_decay))
+        return real_fit(x_fit, y_fit, weight_decay, **kwargs)
+
+    probes.fit_logistic = spy
+    try:
+        fit_probe(x, y, weight_decays=(1e-4, 10.0))
+    finally:
+        probes.fit_logistic = real_fit
+    held = int(len(x) * probes.PROBE_HOLDOUT)
+    assert [n for n, _ in chosen[:2]] == [len(x) - held] * 2  # each penalty fitted on the kept share
+    assert chosen[-1] == (len(x), 1e-4)  # the refit on everything uses the penalty that won (10.0 underfits)
+
+
+def test_deep_forgetting_floor_is_the_frozen_row_and_methods_are_paired_against_it():
+    def row(values):
+        return {"per_seed": [{"seed": s, "deep_forgetting": v} for s, v in enumerate(values)]}
+
+    rows = {"mars": row([0.30, 0.32, 0.28, 0.31, 0.29]), "slda": row([0.50] * 5),
+            "simplecil": row([0.10, 0.12, 0.08, 0.11, 0.09])}
+    floor = deep_forgetting_floor(rows)
+    assert floor["method"] == "simplecil" and abs(floor["mean"] - 0.10) < 1e-12
+    paired = above_floor(rows["mars"], floor)
+    assert abs(paired["mean"] - 0.20) < 1e-12 and paired["wins"] == 5 and paired["verdict"] == "better"
+    assert deep_forgetting_floor({"mars": rows["mars"]}) is None

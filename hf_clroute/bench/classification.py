@@ -24,7 +24,7 @@ from ..metrics import aggregate_runs, mean_std, summarize
 from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
-from .report import PAIRED_NOTE, comparisons, edge_mark, paired_cell, se_cell
+from .report import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_floor, edge_mark, paired_cell, se_cell
 from .probes import ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
 from .results import write_run
@@ -257,6 +257,10 @@ def with_verdicts(results: dict) -> dict:
     head (``methods.<m>.verdicts``, see ``report.comparisons``), recomputed from the per-seed rows."""
     for method, verdicts in comparisons(results["methods"]).items():
         results["methods"][method]["verdicts"] = verdicts
+    floor = deep_forgetting_floor(results["methods"])
+    results["deep_forgetting_floor"] = floor and {k: v for k, v in floor.items() if k != "per_seed"}
+    for row in results["methods"].values():
+        row["deep_forgetting_above_floor"] = above_floor(row, floor)
     return results
 
 
@@ -371,7 +375,8 @@ def results_markdown(results: dict) -> str:
     if bare:
         speed = f"{_fmt(bare.get('train_samples_per_s'), 1, 0)} | {_fmt(bare.get('infer_samples_per_s'), 1, 0)}"
         rows.append(f"| *bare backbone (fwd+bwd / fwd)* | | | | | | | | | | 100.00 | {speed} | |")
-    return head + "\n".join(rows) + "\n" + verdicts_markdown(results) + routing_markdown(results)
+    return (head + "\n".join(rows) + "\n" + verdicts_markdown(results) + floor_markdown(results)
+            + routing_markdown(results))
 
 
 def verdicts_markdown(results: dict) -> str:
@@ -386,6 +391,22 @@ def verdicts_markdown(results: dict) -> str:
     lines += [f"| {m} | {c['control'] or '—'} | {paired_cell(c['vs_control']) if c['control'] else '—'} | "
               f"{c['statistics_head'] or '—'} | "
               f"{paired_cell(c['vs_statistics_head']) if c['statistics_head'] else '—'} |" for m, c in shown.items()]
+    return "\n".join(lines) + "\n"
+
+
+def floor_markdown(results: dict) -> str:
+    """Each probed method's deep forgetting against the frozen backbone's (the floor), paired per seed."""
+    floor = results.get("deep_forgetting_floor")
+    rows = {m: r for m, r in results["methods"].items() if r.get("deep_forgetting_above_floor")}
+    if not floor or not rows:
+        return ""
+    lines = ["", f"Deep forgetting against its floor: the frozen backbone's own deep F is "
+             f"{floor['mean'] * 100:.1f} ± {floor['std'] * 100:.1f} (the probe on `{floor['method']}`'s features, which "
+             "are the backbone's: a growing label space alone costs this much). A method's deep F above the floor "
+             "is what its training cost the features; paired per seed.", "",
+             "| method | deep F | deep F − floor |", "|---|---|---|"]
+    lines += [f"| {m} | {_fmt(r.get('deep_forgetting'))} | {paired_cell(r['deep_forgetting_above_floor'])} |"
+              for m, r in rows.items() if m != floor["method"]]
     return "\n".join(lines) + "\n"
 
 

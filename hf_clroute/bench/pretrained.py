@@ -43,6 +43,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .probes import fit_logistic
+
 __all__ = [
     "RECIPES",
     "Recipe",
@@ -364,31 +366,11 @@ def ncm_accuracy(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
 
 
 def linear_probe_accuracy(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
-                          test_y: torch.Tensor, weight_decay: float = 1e-4, max_iter: int = 500) -> float:
-    """Multinomial logistic regression on standardised features, full-batch L-BFGS
-    (strong-Wolfe line search) run to convergence -- deterministic, no learning
-    rate to tune. Mean/std come from the training features only; a small L2
-    penalty keeps the optimum finite when classes are separable."""
-    classes, train_t = torch.unique(train_y, return_inverse=True)
-    mu, sd = train_x.mean(0), train_x.std(0).clamp_min(1e-6)
-    xtr = ((train_x - mu) / sd).double()
-    xte = ((test_x - mu) / sd).double()
-    w = torch.zeros(xtr.shape[1], len(classes), dtype=torch.float64, requires_grad=True)
-    b = torch.zeros(len(classes), dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, tolerance_grad=1e-7,
-                            tolerance_change=1e-10, history_size=20, line_search_fn="strong_wolfe")
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = F.cross_entropy(xtr @ w + b, train_t) + weight_decay * w.pow(2).sum()
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        opt.step(closure)
-    with torch.no_grad():
-        pred = classes[(xte @ w + b).argmax(1)]
-    return (pred == test_y).float().mean().item()
+                          test_y: torch.Tensor, weight_decay: float = 1e-4, max_iter: int = 200) -> float:
+    """Test accuracy of multinomial logistic regression on standardised features, run to convergence
+    (:func:`~hf_clroute.bench.probes.fit_logistic`; mean/std from the training features only)."""
+    predict = fit_logistic(train_x, train_y, weight_decay, max_iter=max_iter)
+    return (predict(test_x) == test_y).float().mean().item()
 
 
 def frozen_probe_report(model_path: str | os.PathLike | Any, dataset_name: str,

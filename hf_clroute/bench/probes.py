@@ -7,9 +7,19 @@ over all classes seen so far: the head's own label space. Its accuracy on task
 j's test split is A*_tj. Deep forgetting of task j is A*_jj - A*_Tj, the probe's
 counterpart of the head's forgetting A_jj - A_Tj (arXiv:2512.07400): when the
 head forgets and the probe does not, the features kept the knowledge and only
-the head lost it. The probe is closed-form ridge regression on standardised
-features with one-hot targets: deterministic, no learning rate to tune. The
-paper's feature separability SNR is reported beside it.
+the head lost it. The probe is multinomial logistic regression on standardised
+features, run to convergence (full-batch L-BFGS: no learning rate), fitted on every
+training example of the seen tasks; its L2 penalty is chosen on a held-out fifth of
+those examples (never on test data), then it is refitted on all of them. It is at
+least as strong a reader of the features as the statistics heads, so a drop in its
+accuracy is a loss in the features, not a weak probe's. The paper's feature
+separability SNR is reported beside it.
+
+A frozen backbone's features cannot change, yet its probe still "forgets": the
+label space grows, and old classes get new neighbours. That floor is the
+deep forgetting of a statistics head on the same stream (see
+``report.deep_forgetting_floor``); a method's deep forgetting above it is what its
+own training cost the features.
 """
 
 from __future__ import annotations
@@ -26,9 +36,12 @@ from ..outputs import model_inputs
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import ContinualTrainer
 
-PROBE_RIDGE = 1e-2
-#: training examples per task the probe is fitted on (the features are recomputed at every task end).
-PROBE_TRAIN_PER_TASK = 300
+#: the probe's L2 penalties, one chosen on a held-out fifth of its training examples
+PROBE_WEIGHT_DECAYS = (1e-6, 1e-5, 1e-4)
+#: share of the probe's training examples held out to choose its L2 penalty
+PROBE_HOLDOUT = 0.2
+#: training examples per task the probe is fitted on (None: all; the features are recomputed at every task end).
+PROBE_TRAIN_PER_TASK = None
 #: batch size of the probe's forward passes
 PROBE_BATCH_SIZE = 256
 
@@ -53,20 +66,49 @@ def model_features(model, dataset, collator: Callable, limit: int | None = None,
     return torch.cat(feats), torch.cat(labels)
 
 
-def fit_probe(x: torch.Tensor, y: torch.Tensor, ridge: float = PROBE_RIDGE):
-    """Closed-form ridge probe over the classes in ``y``: returns ``predict(x) -> labels``."""
-    classes = torch.unique(y)
+def fit_logistic(x: torch.Tensor, y: torch.Tensor, weight_decay: float, max_iter: int = 200):
+    """Multinomial logistic regression over the classes in ``y`` on standardised features (mean/std of
+    ``x``), full-batch L-BFGS with a strong-Wolfe line search run to convergence: deterministic, no
+    learning rate. The L2 penalty keeps the optimum finite when classes are separable.
+    Returns ``predict(x) -> labels``."""
+    classes, targets = torch.unique(y, return_inverse=True)
     mean, std = x.mean(0), x.std(0).clamp_min(1e-6)
-    z = torch.cat([(x - mean) / std, torch.ones(len(x), 1)], dim=1).double()
-    targets = (y.unsqueeze(1) == classes.unsqueeze(0)).double()
-    gram = z.T @ z + ridge * len(x) * torch.eye(z.shape[1], dtype=torch.float64)
-    weights = torch.linalg.solve(gram, z.T @ targets)
+    z = ((x - mean) / std).double()
+    w = torch.zeros(z.shape[1], len(classes), dtype=torch.float64, requires_grad=True)
+    b = torch.zeros(len(classes), dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.LBFGS([w, b], lr=1.0, max_iter=max_iter, tolerance_grad=1e-7, tolerance_change=1e-10,
+                            history_size=20, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(z @ w + b, targets) + weight_decay * w.pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    w, b = w.detach(), b.detach()
 
     def predict(x_new: torch.Tensor) -> torch.Tensor:
-        z_new = torch.cat([(x_new - mean) / std, torch.ones(len(x_new), 1)], dim=1).double()
-        return classes[(z_new @ weights).argmax(dim=1)]
+        return classes[(((x_new - mean) / std).double() @ w + b).argmax(dim=1)]
 
     return predict
+
+
+def fit_probe(x: torch.Tensor, y: torch.Tensor, weight_decays=PROBE_WEIGHT_DECAYS, holdout: float = PROBE_HOLDOUT):
+    """The deep-forgetting probe: :func:`fit_logistic` with the L2 penalty that scores best on a held-out
+    share of (x, y) (a fixed permutation, so the choice is deterministic), refitted on all of (x, y).
+    Returns ``predict(x) -> labels``."""
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))
+    cut = int(len(x) * holdout)
+    if len(weight_decays) > 1 and cut > 0:
+        held, kept = order[:cut], order[cut:]
+        scores = [(fit_logistic(x[kept], y[kept], wd)(x[held]) == y[held]).double().mean().item()
+                  for wd in weight_decays]
+        weight_decay = weight_decays[max(range(len(scores)), key=scores.__getitem__)]  # first best: the smaller L2
+    else:
+        weight_decay = weight_decays[0]
+    return fit_logistic(x, y, weight_decay)
 
 
 def feature_snr(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -84,7 +126,7 @@ def feature_snr(x: torch.Tensor, y: torch.Tensor) -> float:
     return sum(ratios) / len(ratios) if ratios else 0.0
 
 
-def probe_seen_tasks(model, experiences: list, collator: Callable, train_per_task: int = PROBE_TRAIN_PER_TASK,
+def probe_seen_tasks(model, experiences: list, collator: Callable, train_per_task: int | None = PROBE_TRAIN_PER_TASK,
                      test_features: Callable[[int], tuple | None] | None = None) -> list[dict[str, float]]:
     """One probe over every class of ``experiences`` (the tasks seen so far), scored on each one's test split.
 

@@ -145,6 +145,35 @@ def comparisons(rows: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+#: rows whose probe reads the frozen backbone's own features (a statistics head's features are the
+#: backbone's): the first of these in a table gives the floor of deep forgetting.
+FLOOR_ROWS = ("simplecil", "ncm", "slda")
+
+
+def _per_seed(row: dict, key: str) -> dict[int, float]:
+    return {r["seed"]: r[key] for r in row.get("per_seed", []) if r.get(key) is not None}
+
+
+def deep_forgetting_floor(rows: dict[str, dict]) -> dict | None:
+    """The frozen backbone's deep forgetting on this table's streams: features that cannot change still
+    "forget" as the label space grows. ``{"method", "per_seed", "mean", "std"}`` from the first of
+    :data:`FLOOR_ROWS` that was probed; None when none was."""
+    for method in FLOOR_ROWS:
+        per_seed = _per_seed(rows.get(method, {}), "deep_forgetting")
+        if per_seed:
+            values = list(per_seed.values())
+            mean = sum(values) / len(values)
+            std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
+            return {"method": method, "per_seed": per_seed, "mean": mean, "std": std}
+    return None
+
+
+def above_floor(row: dict, floor: dict | None) -> dict | None:
+    """Paired per-seed difference of a row's deep forgetting and the floor (see ``paired_difference``)."""
+    per_seed = _per_seed(row, "deep_forgetting")
+    return paired_difference(per_seed, floor["per_seed"]) if floor and per_seed else None
+
+
 def paired_cell(paired: dict | None) -> str:
     """``+1.2 ± 0.8 (4 of 5, p 0.03): better`` in points; "n/a" without shared seeds."""
     if not paired:

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The main tables (results/split-mnist, results/split-fashion, results/wordnet) under the current
+# protocol: every method gets 12 configurations on the suite's validation split (seed 0; an edge
+# pick extends its axis, up to 3 times), then its pick runs on seeds 0-4 over the fixed test set.
+# Methods run in groups, each into results/<suite>.parts/<group> (tune, then bench), and the groups
+# are merged into results/<suite>. The statistics heads reuse the picks made for the
+# first-session-adaptation tables on the same suite and seed (results/fsa-<suite>/selection.json).
+#   scripts/main_tables.sh tune  <suite> <group>     choose on validation
+#   scripts/main_tables.sh bench <suite> <group>     run the picks on seeds 0-4
+#   scripts/main_tables.sh merge <suite>             join the groups and rebuild BENCHMARKS.md
+#   scripts/main_tables.sh all                       everything, two suites side by side
+# Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-.venv/bin}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
+SEEDS=0,1,2,3,4
+
+methods() {  # suite group
+  case "$2" in
+    heads) echo simplecil,slda,ranpac,ranpac-gcv ;;
+    cached) if [ "$1" = wordnet ]; then
+              echo knn,joint-frozen,rwf-head-only,mars-head-only,mars,mars-gaussian-align
+            else
+              echo knn,joint-frozen,rwf-head-only,apn-head-only,mars-head-only,mars,mars-gaussian-align
+            fi ;;
+    routing) echo rwf,apn ;;
+    qoa) echo qoa ;;
+    joint) echo joint ;;
+    *) echo "unknown group: $2" >&2; exit 2 ;;
+  esac
+}
+
+tune() {  # suite group
+  local out=results/$1.parts/$2
+  if [ "$2" = heads ]; then
+    mkdir -p "$out"
+    if [ -f "results/fsa-$1/selection.json" ]; then cp "results/fsa-$1/selection.json" "$out/selection.json"; return; fi
+  fi
+  "$BIN/hf-clroute" tune --suite "$1" --methods "$(methods "$1" "$2")" --seed 0 --out "$out" --no-progress
+}
+
+bench() {  # suite group
+  local out=results/$1.parts/$2
+  "$BIN/hf-clroute" bench --suite "$1" --methods "$(methods "$1" "$2")" --seeds "$SEEDS" --out "$out" \
+      --selection "$out/selection.json" --no-progress
+}
+
+merge() {  # suite
+  local parts=() g
+  for g in heads cached routing qoa joint; do
+    [ -f "results/$1.parts/$g/results.json" ] && parts+=("results/$1.parts/$g")
+  done
+  "$BIN/hf-clroute" merge --out "results/$1" "${parts[@]}"
+  "$BIN/hf-clroute" report
+}
+
+all() {
+  (for g in heads cached routing qoa joint; do tune split-mnist $g; bench split-mnist $g; done; merge split-mnist) &
+  (for g in heads cached routing qoa joint; do tune split-fashion $g; bench split-fashion $g; done; merge split-fashion
+   for g in heads cached; do tune wordnet $g; bench wordnet $g; done; merge wordnet)
+  wait
+}
+
+"$@"
