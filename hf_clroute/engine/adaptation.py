@@ -14,6 +14,11 @@ first task's data) and before task 0:
    temporary linear head over the first task's classes, ``epochs`` passes with Accelerate
    (the model and optimiser prepared; one model call and ``accelerator.backward`` per
    step). The method's statistics head is swapped out for the phase and comes back empty.
+   A method whose training needs its own per-step state (MaRS: slot keys seeded from the
+   first queries, the DCDA stage schedule, SGSE) sets ``hooks_during_adaptation``: the phase
+   then calls its ``begin_task`` / ``after_step`` / ``on_task_end`` as for one task trained
+   with the temporary head (the model's own hooks, label records and statistics head, are
+   not called). Other methods get no hook, so their bookkeeping never counts the phase.
 3. The adapter is frozen (``requires_grad`` False: no optimiser is built for it again and the
    statistics-only stream runs under ``no_grad``), and ``config.adaptation_record`` says what
    data it saw. The record is saved with the adapter: a reloaded or resumed model is frozen
@@ -116,6 +121,11 @@ def _adapt(trainer: "ContinualTrainer", settings: "AdaptationConfig", adapter: l
     temporary = IncrementalClassifier(head.in_features, max(classes) + 1, generator=generator)
     model.head = temporary.to(accelerator.device)
     task_classes, model.method.task_classes = model.method.task_classes, classes  # the loss's current task
+    hooks, phase = model.method.hooks_during_adaptation, dataclasses.replace(first, train=data)
+
+    def context(step: int) -> StepContext:  # the phase counts its own steps (the stream's are still 0)
+        return dataclasses.replace(trainer.context(0), step_in_task=step, global_step=step, epochs=settings.epochs)
+
     params = [*adapter, *temporary.parameters()]
     lr = settings.learning_rate or cfg.learning_rate
     optimizer_class = torch.optim.SGD if cfg.optimizer == "sgd" else torch.optim.AdamW
@@ -125,8 +135,9 @@ def _adapt(trainer: "ContinualTrainer", settings: "AdaptationConfig", adapter: l
         train_model, optimizer = accelerator.prepare(model, optimizer)
         train_model.train()
         batches = dataclasses.replace(cfg, batch_size=settings.batch_size or cfg.batch_size)
-        loader = training_loader(dataclasses.replace(first, train=data).train_stream(settings.epochs),
-                                 trainer.collator, batches, accelerator)
+        loader = training_loader(phase.train_stream(settings.epochs), trainer.collator, batches, accelerator)
+        if hooks:
+            model.method.begin_task(model, phase, context(0))
         show = cfg.progress and accelerator.is_local_main_process
         for batch in progress_bar(loader, progress=show, desc=f"adaptation ({first.name})", leave=False):
             out = train_model(**batch)
@@ -135,7 +146,11 @@ def _adapt(trainer: "ContinualTrainer", settings: "AdaptationConfig", adapter: l
                 accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if hooks:
+                model.method.after_step(model, batch, out, context(steps))
             steps += 1
+        if hooks:
+            model.method.on_task_end(model, phase, context(steps))
         release_prepared(accelerator, optimizer)
     finally:
         model.head, model.method.task_classes = head, task_classes

@@ -86,6 +86,11 @@ class ContinualMethod(nn.Module):
     unsupported_hint: str = ""
     #: whether the shared incremental linear head produces the logits.
     uses_head: bool = True
+    #: whether first-session adaptation (``engine/adaptation.py``) calls this method's ``begin_task``,
+    #: ``after_step`` and ``on_task_end`` around its phase, as for one task trained with the temporary
+    #: linear head. Off by default: most methods need no per-step state to train their adapter, and
+    #: their bookkeeping (e.g. APN's patch usage) would otherwise count the phase as part of task 0.
+    hooks_during_adaptation: bool = False
 
     def __init__(self, config: CLConfig) -> None:
         super().__init__()

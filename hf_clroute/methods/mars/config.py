@@ -5,6 +5,11 @@ affine adapters), SGSE (a statistical test that decides when to add a slot) and
 DCDA (two-stage training: memory with a contrastive loss, then the head with
 distillation on current inputs and on anchors).
 
+MaRS trains through the shared linear head (``head='linear'``, the default). A statistics head
+(``head='lda'``, ``'ranpac'`` or ``'prototype'``, ours: ``mars-fsa-slda``) is accepted only with
+first-session adaptation (``adaptation``): the memory trains before the stream with a temporary
+linear head, then stays frozen while the statistics head reads its output h~.
+
 Defaults are the paper's unless a field's help says "ours". Two of our designs
 are variants with their own names, not defaults: slot keys seeded at every task
 start (``keys_per_task > 0``, ``mars-task-keys``: the paper grows the memory
@@ -255,6 +260,18 @@ class MarsConfig(CLConfig):
         super().__post_init__()
         if not self.freeze_backbone:
             raise ValueError("MarsConfig.freeze_backbone must be True: MaRS adapts a frozen encoder's features")
+        # DCDA reads and trains the linear head (stage 1 its weights, stage 2 its outputs), so a statistics
+        # head can only read a memory that first-session adaptation trained (with a temporary linear head)
+        # and froze. (CLConfig already refuses adaptation with the linear head.)
+        if self.head != "linear" and self.adaptation is None:
+            raise ValueError(
+                f"MarsConfig.head={self.head!r} needs MarsConfig.adaptation (e.g. {{'on': 'first_task', 'epochs': 5}}): "
+                "MaRS's DCDA trains the memory through the linear head, so a statistics head reads only a memory "
+                "trained by first-session adaptation and frozen after it; otherwise leave head='linear'"
+            )
+        if self.adaptation is not None and not self.use_stage1:
+            raise ValueError("MarsConfig.adaptation trains the memory, which use_stage1=False never trains "
+                             "(stage 2 runs the memory without gradient)")
         self._check_positive(
             "num_slots", "max_slots", "tau_r", "quantile_window", "test_trials", "wilson_z", "dcda_window",
             "supcon_temperature", "distill_temperature", "anchors_per_class", "timing_window", "varsigma",

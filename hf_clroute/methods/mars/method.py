@@ -47,6 +47,17 @@ queries of the global batch, so every process takes the same decision) and
 switches on a preallocated slot when it fires: the parameter set never changes
 mid-task. Its expansions and the task boundaries are recorded, so
 ``sgse_timing`` can say whether it fires at the shifts it is meant to detect.
+
+First-session adaptation (``CLConfig.adaptation``, row ``mars-fsa-slda``, ours). The
+memory trains before the stream as on one task: DCDA with the engine's temporary linear
+head over the first task (``hooks_during_adaptation``: the phase calls MaRS's task hooks,
+so keys are seeded, stages alternate and SGSE may add slots), then the engine freezes it.
+Once no memory parameter requires a gradient, MaRS is *fixed*: a function h -> h~ whose
+forward returns only ``logits = head(h~)`` and ``features = h~`` (what a statistics head
+accumulates) and whose task hooks do nothing, so no slot is added (a frozen memory
+cannot train a new slot), no teacher is copied and no class or slot statistics move.
+DCDA itself needs the linear head (stage 1 reads its weights, stage 2 trains it), so a
+statistics head is accepted only with ``adaptation`` (``MarsConfig``).
 """
 
 from __future__ import annotations
@@ -58,6 +69,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from ...heads import StatisticsHead
 from ...outputs import CLModelOutput, model_inputs
 from ..base import ContinualMethod, StepContext
 from .class_statistics import ClassStatistics
@@ -113,6 +125,7 @@ class Mars(ContinualMethod):
     config_class = MarsConfig
     supported_modalities = ("image", "text")
     uses_head = True
+    hooks_during_adaptation = True  # keys, the DCDA schedule and SGSE run on the adaptation's steps
 
     _COUNTERS = (
         "task_step", "task_samples", "task_plan", "keys_seeded", "old_classes", "classes_trained",
@@ -160,6 +173,22 @@ class Mars(ContinualMethod):
         self.register_buffer("teacher_bias", torch.zeros(0))
         self.slot_history = [[0, self.memory.num_slots]]
 
+    # ---- fixed after first-session adaptation ---------------------------------------------
+    @property
+    def fixed(self) -> bool:
+        """True once nothing of the memory trains (first-session adaptation froze it): the forward
+        only maps h -> h~ -> head and the task hooks do nothing."""
+        return not any(p.requires_grad for p in self.memory.parameters())
+
+    def _check_dcda_head(self, model: "CLModel") -> None:
+        """DCDA reads and trains the linear head; refuse a statistics head while the memory trains."""
+        if isinstance(model.head, StatisticsHead):
+            raise ValueError(
+                f"MaRS trains its memory through the linear head (DCDA), not the {self.config.head!r} head: with "
+                "a statistics head the memory trains only in first-session adaptation (MarsConfig.adaptation, "
+                "which swaps in a linear head) and must be frozen after it"
+            )
+
     # ---- stages ---------------------------------------------------------------------
     def stage(self) -> int:
         """1 (memory) or 2 (head) for the next training step."""
@@ -175,11 +204,14 @@ class Mars(ContinualMethod):
     # ---- forward ---------------------------------------------------------------------
     def forward(self, model: "CLModel", batch: dict[str, torch.Tensor]) -> CLModelOutput:
         """h -> memory -> h~ -> head; in training the stage's loss, and what ``after_step``
-        folds into the class statistics and SGSE (in ``features`` and ``extras``)."""
+        folds into the class statistics and SGSE (in ``features`` and ``extras``). In evaluation,
+        or once the memory is fixed (frozen after first-session adaptation), only the logits and
+        ``features`` = h~ (what a statistics head accumulates)."""
         h = self.features(model, model_inputs(batch))
-        if not self.training or "labels" not in batch:
+        if self.fixed or not self.training or "labels" not in batch:
             out_h = self.memory(h).output
             return CLModelOutput(logits=model.head(out_h), features=out_h.detach())
+        self._check_dcda_head(model)
         stage = self.stage()
         with torch.set_grad_enabled(stage == 1 and torch.is_grad_enabled()):
             routing = self.memory(h)
@@ -280,6 +312,9 @@ class Mars(ContinualMethod):
 
     # ---- hooks -----------------------------------------------------------------------
     def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
+        if self.fixed:  # a frozen memory: no teacher, no statistics, nothing to plan
+            return
+        self._check_dcda_head(model)
         if self.task_step:  # resumed mid-task: counters and teacher came from the checkpoint
             return
         self.task_plan = len(experience.train) * ctx.epochs
@@ -299,6 +334,8 @@ class Mars(ContinualMethod):
 
     @torch.no_grad()
     def after_step(self, model: "CLModel", batch, out: CLModelOutput, ctx: StepContext) -> None:
+        if self.fixed:  # no slot growth (a frozen memory cannot train a new slot), no statistics
+            return
         self.slot_stats.update(ctx.gather(out.extras["normed"]).float(), ctx.gather(out.extras["probs"]).float())
         if self.config.anchors == "class_gaussian":
             space = out.extras["backbone"] if self.config.class_stats_space == "backbone" else out.features
@@ -342,6 +379,8 @@ class Mars(ContinualMethod):
         return True
 
     def on_task_end(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
+        if self.fixed:
+            return
         self.classes_trained = model.head.num_classes
         self.task_step = self.task_samples = 0
 
