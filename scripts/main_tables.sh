@@ -9,7 +9,8 @@
 #   scripts/main_tables.sh bench <suite> <group>     run the picks on seeds 0-4
 #   scripts/main_tables.sh merge <suite>             join the groups and rebuild BENCHMARKS.md
 #   scripts/main_tables.sh all                       everything, two suites side by side
-# Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint.
+# Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint,
+# baselines (gradient CL baselines).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -24,9 +25,10 @@ methods() {  # suite group
             else
               echo knn,joint-frozen,rwf-head-only,apn-head-only,mars-head-only,mars,mars-gaussian-align
             fi ;;
-    routing) echo rwf,apn ;;
+    routing) if [ "$1" = wordnet ]; then echo rwf; else echo rwf,apn; fi ;;
     qoa) echo qoa ;;
     joint) echo joint ;;
+    baselines) echo finetune,er,lwf,ewc,lora,vpt ;;
     *) echo "unknown group: $2" >&2; exit 2 ;;
   esac
 }
@@ -48,7 +50,7 @@ bench() {  # suite group
 
 merge() {  # suite
   local parts=() g
-  for g in heads cached routing qoa joint; do
+  for g in heads cached routing qoa joint baselines; do
     [ -f "results/$1.parts/$g/results.json" ] && parts+=("results/$1.parts/$g")
   done
   "$BIN/hf-clroute" merge --out "results/$1" "${parts[@]}"
@@ -56,10 +58,12 @@ merge() {  # suite
 }
 
 all() {
-  (for g in heads cached routing qoa joint; do tune split-mnist $g; bench split-mnist $g; done; merge split-mnist) &
-  (for g in heads cached routing qoa joint; do tune split-fashion $g; bench split-fashion $g; done; merge split-fashion
-   for g in heads cached; do tune wordnet $g; bench wordnet $g; done; merge wordnet)
+  (for g in heads cached routing qoa joint baselines; do tune split-mnist $g; bench split-mnist $g; done
+   for g in routing; do tune wordnet $g; bench wordnet $g; done) &
+  (for g in heads cached routing qoa joint baselines; do tune split-fashion $g; bench split-fashion $g; done
+   for g in heads cached qoa; do tune wordnet $g; bench wordnet $g; done)
   wait
+  merge split-mnist; merge split-fashion; merge wordnet
 }
 
 "$@"
