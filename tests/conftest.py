@@ -130,20 +130,23 @@ def tiny_suite(tmp_path_factory: pytest.TempPathFactory):
 def checked_search_grid():
     """``check(method) -> grid``: the method's search grid has exactly the tuner's budget of distinct
     points, and each point resolves to a run that carries its values (split-mnist's settings)."""
-    from hf_clroute.bench.settings import resolve_run, unflatten
+    from hf_clroute.bench.settings import resolve_run
     from hf_clroute.bench.suites import SuiteConfig
-    from hf_clroute.bench.tune import BUDGET, search_grid
+    from hf_clroute.bench.tune import BUDGET, search_grid, selected
 
     def check(method: str) -> list[dict]:
         grid = search_grid(method, trains=True)
         assert len(grid) == BUDGET and len({tuple(sorted(p.items())) for p in grid}) == BUDGET
         suite = SuiteConfig.load("split-mnist")
-        for point in grid:
-            layers = unflatten(point)
-            run = resolve_run(suite, method, 0, overrides=layers["training"], config_overrides=layers["config"])
-            for key, value in point.items():
-                section, name = key.split(".")
-                assert getattr(run.adapter_config if section == "config" else run.training, name) == value
+        config = resolve_run(suite, method, 0).adapter_config
+        for point in grid:  # resolved as `hf-clroute tune` resolves it
+            run = resolve_run(suite, method, 0, selected=selected(point, config))
+            for key, value in point.items():  # "training.x", "config.x" or a nested "config.adaptation.x"
+                section, *path = key.split(".")
+                found = run.adapter_config if section == "config" else run.training
+                for name in path:
+                    found = found[name] if isinstance(found, dict) else getattr(found, name)
+                assert found == value, key
         return grid
 
     return check

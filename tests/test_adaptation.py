@@ -249,3 +249,10 @@ def test_two_processes_adapt_and_accumulate_like_one(tmp_path):
 
 def test_describe_record_is_empty_without_adaptation():
     assert describe_record(None) == ""
+
+
+@pytest.mark.parametrize("method", ["aper-lora", "aper-vpt", "ranpac-lora", "rwf-fsa-ranpac", "rwf-fsa-slda",
+                                    "apn-fsa-ranpac", "lastblock-fsa-ranpac", "mars-fsa-slda"])
+def test_adaptation_rows_search_with_the_shared_budget(method, checked_search_grid):
+    grid = checked_search_grid(method)  # 12 distinct points, each resolving to a run with its values
+    assert any("config.adaptation.epochs" in point for point in grid)
