@@ -6,7 +6,8 @@
 # are merged into results/<suite>. The statistics heads reuse the picks made for the
 # first-session-adaptation tables on the same suite and seed (results/fsa-<suite>/selection.json).
 #   scripts/main_tables.sh tune  <suite> <group>     choose on validation
-#   scripts/main_tables.sh bench <suite> <group>     run the picks on seeds 0-4
+#   scripts/main_tables.sh bench <suite> <group>     run the picks on seeds 0-4 (SEEDS=...; MERGE=1 adds
+#                                                    them to the group's earlier seeds)
 #   scripts/main_tables.sh merge <suite>             join the groups and rebuild BENCHMARKS.md
 #   scripts/main_tables.sh all                       everything, two suites side by side
 # Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint,
@@ -45,7 +46,7 @@ tune() {  # suite group
 bench() {  # suite group
   local out=results/$1.parts/$2
   "$BIN/hf-clroute" bench --suite "$1" --methods "$(methods "$1" "$2")" --seeds "$SEEDS" --out "$out" \
-      --selection "$out/selection.json" --no-progress
+      --selection "$out/selection.json" --no-progress ${MERGE:+--merge}
 }
 
 merge() {  # suite
