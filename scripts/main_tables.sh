@@ -11,7 +11,7 @@
 #   scripts/main_tables.sh merge <suite>             join the groups and rebuild BENCHMARKS.md
 #   scripts/main_tables.sh all                       everything, two suites side by side
 # Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint,
-# baselines (gradient CL baselines).
+# baselines (gradient CL baselines), controls (mars-gaussian-align's control, added later).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -22,7 +22,7 @@ methods() {  # suite group
   case "$2" in
     heads) echo simplecil,slda,ranpac,ranpac-gcv ;;
     cached) if [ "$1" = wordnet ]; then  # no reused picks here: the heads join this group (one feature pass)
-              echo simplecil,slda,ranpac,ranpac-gcv,knn,joint-frozen,rwf-head-only,mars-head-only,mars,mars-gaussian-align
+              echo simplecil,slda,ranpac,ranpac-gcv,knn,joint-frozen,rwf-head-only,mars-head-only,mars,mars-gaussian-align,mars-gaussian-align-head-only
             else
               echo knn,joint-frozen,rwf-head-only,apn-head-only,mars-head-only,mars,mars-gaussian-align
             fi ;;
@@ -30,6 +30,7 @@ methods() {  # suite group
     qoa) echo qoa ;;
     joint) echo joint ;;
     baselines) echo finetune,er,lwf,ewc,lora,vpt ;;
+    controls) echo mars-gaussian-align-head-only ;;  # on the image suites, added after their cached group
     *) echo "unknown group: $2" >&2; exit 2 ;;
   esac
 }
@@ -51,7 +52,7 @@ bench() {  # suite group
 
 merge() {  # suite
   local parts=() g
-  for g in heads cached routing qoa joint baselines; do
+  for g in heads cached controls routing qoa joint baselines; do
     [ -f "results/$1.parts/$g/results.json" ] && parts+=("results/$1.parts/$g")
   done
   "$BIN/hf-clroute" merge --out "results/$1" "${parts[@]}"
@@ -59,9 +60,9 @@ merge() {  # suite
 }
 
 all() {
-  (for g in heads cached routing qoa joint baselines; do tune split-mnist $g; bench split-mnist $g; done
+  (for g in heads cached controls routing qoa joint baselines; do tune split-mnist $g; bench split-mnist $g; done
    for g in cached; do tune wordnet $g; bench wordnet $g; done) &
-  (for g in heads cached routing qoa joint baselines; do tune split-fashion $g; bench split-fashion $g; done
+  (for g in heads cached controls routing qoa joint baselines; do tune split-fashion $g; bench split-fashion $g; done
    for g in routing qoa; do tune wordnet $g; bench wordnet $g; done)
   wait
   merge split-mnist; merge split-fashion; merge wordnet

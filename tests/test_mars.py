@@ -745,7 +745,8 @@ def test_stage1_rehearses_the_memory_on_routed_anchors():
 
 
 @pytest.mark.parametrize(
-    "method", ["mars", "mars-head-only", "mars-task-keys", "mars-gaussian-align", "mars-no-sgse", "mars-no-anchor"]
+    "method", ["mars", "mars-head-only", "mars-task-keys", "mars-gaussian-align", "mars-gaussian-align-head-only",
+               "mars-no-sgse", "mars-no-anchor"]
 )
 def test_settings_files_name_the_variants_and_search_with_the_same_budget(method, checked_search_grid):
     from hf_clroute.bench.settings import resolve_run
@@ -755,5 +756,19 @@ def test_settings_files_name_the_variants_and_search_with_the_same_budget(method
     config = resolve_run(suite, method, 0).adapter_config
     # Only the named variants depart from the paper's growth and anchors.
     assert config.keys_per_task == (4 if method == "mars-task-keys" else 0)
-    assert config.anchors == ("class_gaussian" if method == "mars-gaussian-align" else "slot")
+    assert config.anchors == ("class_gaussian" if method.startswith("mars-gaussian-align") else "slot")
     checked_search_grid(method)
+
+
+@pytest.mark.parametrize("method", ["mars", "mars-gaussian-align"])
+def test_each_mars_row_has_a_control_that_differs_only_in_the_memory(method):
+    from hf_clroute.bench.settings import method_file, method_search, resolve_run
+    from hf_clroute.bench.suites import SuiteConfig
+
+    suite = SuiteConfig.load("split-mnist")
+    control = method_file(method)["control"]
+    ours, theirs = resolve_run(suite, method, 0).adapter_config, resolve_run(suite, control, 0).adapter_config
+    differing = {f for f in vars(ours) if getattr(ours, f) != getattr(theirs, f)}
+    assert differing == {"use_stage1", "use_sgse"}  # the memory trains and grows, or it does not
+    assert not theirs.use_stage1 and not theirs.use_sgse
+    assert method_search(control) == method_search(method)
