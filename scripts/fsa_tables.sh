@@ -22,7 +22,7 @@ headroom() {  # suite
 }
 # The other adaptation modules and heads (MaRS's memory and RwF under streaming LDA, APER's LoRA under
 # SimpleCIL), added to the fsa-<suite> table on seeds 0-2 (rows no README claim rests on).
-extra_methods=mars-fsa-slda,rwf-fsa-slda,aper-lora
+extra_methods=${EXTRA:-mars-fsa-slda,rwf-fsa-slda,aper-lora}
 extra() {  # suite
   out=results/fsa-$1.extra
   "$BIN/hf-clroute" tune --suite "$1" --methods "$extra_methods" --seed 0 --out "$out" --no-progress
