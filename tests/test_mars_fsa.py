@@ -16,31 +16,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
-from transformers import ViTModel
 
 from hf_clroute import CLModel, ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.backbones import tiny_vit_config
 from hf_clroute.bench.feature_cache import FeatureCollator
 from hf_clroute.data.streams import Experience
 from hf_clroute.engine import make_accelerator
 from hf_clroute.engine.adaptation import adapter_parameters
 from hf_clroute.methods.mars import MarsConfig
 
-D = 32  # tiny_vit_config hidden size
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: thread start-up dominates, and other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_vit() -> ViTModel:
-    torch.manual_seed(0)
-    return ViTModel(tiny_vit_config())
+from test_mars import D, one_thread, tiny_vit  # noqa: F401  (one_thread: an autouse fixture)
 
 
 def feature_stream(n_domains: int, train_per_class: int = 30, test_per_class: int = 10, seed: int = 0) -> list[Experience]:

@@ -366,7 +366,7 @@ def ncm_accuracy(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
 
 
 def linear_probe_accuracy(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
-                          test_y: torch.Tensor, weight_decay: float = 1e-4, max_iter: int = 200) -> float:
+                          test_y: torch.Tensor, weight_decay: float = 1e-4, max_iter: int = 500) -> float:
     """Test accuracy of multinomial logistic regression on standardised features, run to convergence
     (:func:`~hf_clroute.bench.probes.fit_logistic`; mean/std from the training features only)."""
     predict = fit_logistic(train_x, train_y, weight_decay, max_iter=max_iter)

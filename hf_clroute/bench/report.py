@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from ..io import atomic_write_text
-from ..metrics.aggregate import MIN_PAIRED_SEEDS, binomial_se, paired_difference
+from ..metrics.aggregate import MIN_PAIRED_SEEDS, binomial_se, mean_std, paired_difference
 from .settings import method_file, registered_method
 
 #: closed-form class-statistics heads on frozen features: the strongest simple baselines.
@@ -161,10 +161,7 @@ def deep_forgetting_floor(rows: dict[str, dict]) -> dict | None:
     for method in FLOOR_ROWS:
         per_seed = _per_seed(rows.get(method, {}), "deep_forgetting")
         if per_seed:
-            values = list(per_seed.values())
-            mean = sum(values) / len(values)
-            std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else 0.0
-            return {"method": method, "per_seed": per_seed, "mean": mean, "std": std}
+            return {"method": method, "per_seed": per_seed, **mean_std(list(per_seed.values()))}
     return None
 
 
