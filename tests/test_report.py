@@ -148,3 +148,43 @@ def test_report_runs_over_the_committed_results(tmp_path, monkeypatch):
     page = write_benchmarks(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
     if (committed / "split-mnist" / "results.json").is_file():
         assert "### split-mnist" in page and "method − control" in page
+
+
+def test_the_adaptation_table_pairs_each_adapted_row_with_the_same_head_frozen(monkeypatch):
+    from hf_clroute.bench import report
+
+    monkeypatch.setattr(report, "method_file", lambda m: {"control": "ranpac-gcv"} if m.endswith("-fsa-ranpac") else {})
+    monkeypatch.setattr(report, "registered_method", lambda m: m.split("-")[0])
+
+    def adapted(per_seed, **config):
+        return _row(per_seed) | {"settings": {"adapter_config": {"head": "ranpac", "adaptation": {"on": "first_task"},
+                                                                 **config}}}
+
+    rows = {"ranpac": _row([0.90, 0.91, 0.92, 0.90, 0.91]), "ranpac-gcv": _row([0.90, 0.91, 0.92, 0.90, 0.91]),
+            "rwf-fsa-ranpac": adapted([0.92, 0.93, 0.94, 0.92, 0.93]),
+            "lastblock-fsa-ranpac": adapted([0.89, 0.91, 0.91, 0.90, 0.90], last_blocks=1)}
+    table = report.adaptation_table({"fsa-mnist": rows, "mnist": {"ranpac": rows["ranpac"]}})
+    assert "| fsa-mnist | rwf | ranpac | rwf-fsa-ranpac | 92.8 ± 0.8 | +2.0 ± 0.0 (5 of 5, p 0): better |" in table
+    assert "| fsa-mnist | last 1 block | ranpac | lastblock-fsa-ranpac |" in table
+    assert "beyond the paired std on 1 of 1 tables (fsa-mnist: rwf-fsa-ranpac +2.0" in table  # a table without adapted rows is not counted
+    rows["rwf-fsa-ranpac"] = adapted([0.91, 0.91, 0.92, 0.90, 0.92])  # +0.4 ± 0.5: within the paired std
+    assert "on 0 of 1 tables" in report.adaptation_table({"fsa-mnist": rows})
+    assert report.adaptation_table({"mnist": {"ranpac": rows["ranpac"]}}) == ""
+
+
+def test_the_headroom_table_names_adapters_gaining_beyond_the_std_on_the_strongest_frozen_readout():
+    from hf_clroute.bench.report import headroom_table
+
+    def readouts(frozen_slda, gains):
+        return {"readouts": {r: {"frozen": {"mean": f, "std": 0.0}, "gain": {"mean": g[0], "std": g[1]}}
+                             for r, f, g in zip(("slda", "ranpac", "probe"), (frozen_slda, 0.8, 0.7), gains)}}
+
+    study = {"seeds": [0, 1, 2], "methods": {
+        "lora": readouts(0.6, [(0.05, 0.01), (0.01, 0.005), (0.02, 0.01)]),   # ranpac strongest: +1.0 ± 0.5
+        "rwf": readouts(0.6, [(0.05, 0.01), (0.004, 0.01), (0.02, 0.01)])}}  # +0.4 ± 1.0: noise
+    table = headroom_table({"headroom-mnist": study})
+    assert "headroom-mnist: ranpac (80.0 frozen), lora +1.0 ± 0.5." in table
+    assert "| headroom-mnist | 3 | rwf | +5.0 ± 1.0 | +0.4 ± 1.0 * | +2.0 ± 1.0 |" in table
+    study["methods"] = {"rwf": study["methods"]["rwf"]}
+    assert "headroom-mnist: ranpac (80.0 frozen), none." in headroom_table({"headroom-mnist": study})
+    assert headroom_table({}) == ""

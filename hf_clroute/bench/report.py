@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..io import atomic_write_text
 from ..metrics.aggregate import MIN_PAIRED_SEEDS, binomial_se, mean_std, paired_difference
+from .headroom import READOUTS
 from .settings import method_file, registered_method
 
 #: closed-form class-statistics heads on frozen features: the strongest simple baselines.
@@ -53,8 +54,9 @@ def write_benchmarks(results_root: Path, out: Path) -> Path:
         sections.append(
             f"## {title(results_file.parent.name, results['suite'])}\n\n```bash\n{command}\n```\n\n{table}\n" + (f"\nPlots: {links}\n" if links else "")
         )
-    page = (HEADER + controls_table(classification, test_sizes) + summary_table(classification)
-            + study_tables(classification))
+    headroom = {path.parent.name: r for path, r in runs.items() if r.get("kind") == "headroom"}
+    page = (HEADER + controls_table(classification, test_sizes) + adaptation_table(classification)
+            + headroom_table(headroom) + summary_table(classification) + study_tables(classification))
     atomic_write_text(out, page + "\n".join(sections))
     return out
 
@@ -242,3 +244,81 @@ def controls_table(every: dict[str, dict], test_sizes: dict[str, int | None] | N
              "training of the whole model, or, where that was not run, joint training of a head on the frozen "
              "backbone (`joint-frozen`), each at the epochs per task chosen on validation (ep.).\n\n")
     return intro + "\n".join(lines) + "\n"
+
+
+def adapted(row: dict) -> bool:
+    """Whether a row's adapter was adapted before its stream (first-session adaptation)."""
+    return bool((((row.get("settings") or {}).get("adapter_config")) or {}).get("adaptation"))
+
+
+def beyond_std(paired: dict | None) -> bool:
+    """A paired difference whose mean exceeds its own seed-to-seed std (the issue's bar for a gain)."""
+    return bool(paired) and paired["mean"] > paired["std"]
+
+
+def module_name(method: str, row: dict) -> str:
+    """What an adapted row adapts: its registered method, or the backbone's last blocks."""
+    blocks = row["settings"]["adapter_config"].get("last_blocks")
+    return f"last {blocks} block{'s' if blocks > 1 else ''}" if blocks else registered_method(method)
+
+
+def adaptation_table(every: dict[str, dict]) -> str:
+    """First-session adaptation, module x head: each adapted row against the same head on the frozen
+    backbone (its control) and against the table's best statistics head, and a sentence saying on how
+    many tables the best adapted row beats that head beyond the paired std."""
+    lines, best_rows = [], []
+    for suite, rows in every.items():
+        shown = [m for m in rows if adapted(rows[m]) and rows[m].get("A_T")]
+        if not shown:
+            continue
+        compared = comparisons(rows)
+        for method in shown:
+            c, head = compared[method], rows[method]["settings"]["adapter_config"].get("head")
+            lines.append(f"| {suite} | {module_name(method, rows[method])} | {head} | {method}{edge_mark(rows[method])} | "
+                         f"{_a_t(rows[method])} | {paired_cell(c['vs_control'])} | {c['statistics_head'] or '—'} | "
+                         f"{paired_cell(c['vs_statistics_head'])} |")
+        best = max(shown, key=lambda m: rows[m]["A_T"]["mean"])
+        best_rows.append((suite, best, compared[best]["vs_statistics_head"]))
+    if not lines:
+        return ""
+    wins = [s for s, _, paired in best_rows if beyond_std(paired)]
+    sentence = (f"The best adapted row is above the best frozen statistics head beyond the paired std on {len(wins)} "
+                f"of {len(best_rows)} tables (" + "; ".join(f"{s}: {m} {paired_cell(p)}" for s, m, p in best_rows) + ").")
+    return ("## First-session adaptation: module x head\n\n"
+            "The module is adapted on the first task, frozen, then the head accumulates the stream on its features "
+            "in eval mode; each row against the same head on the frozen backbone (its control) and against the "
+            "table's best statistics head. " + PAIRED_NOTE + "\n\n" + sentence + "\n\n"
+            "| table | module | head | row | A_T | − same head, frozen | best statistics head | − best head |\n"
+            "|---|---|---|---|---|---|---|---|\n" + "\n".join(lines) + "\n\n")
+
+
+def _gain_cell(stat: dict | None) -> str:
+    return "—" if not stat else f"{stat['mean'] * 100:+.1f} ± {stat['std'] * 100:.1f}"
+
+
+def headroom_table(studies: dict[str, dict]) -> str:
+    """The headroom studies side by side: each adapter's paired gain (adapted − frozen features) per
+    readout, and a sentence naming the adapters that gain beyond the paired std on the readout that is
+    strongest on the frozen features (the bar a continual protocol would have to clear)."""
+    if not studies:
+        return ""
+    lines, findings = [], []
+    for name, study in studies.items():
+        methods = study.get("methods") or {}
+        if not methods:
+            continue
+        readouts = [r for r in READOUTS if r in next(iter(methods.values()))["readouts"]]
+        strongest = max(readouts, key=lambda r: next(iter(methods.values()))["readouts"][r]["frozen"]["mean"])
+        frozen = next(iter(methods.values()))["readouts"][strongest]["frozen"]
+        gaining = [a for a, m in methods.items() if beyond_std(m["readouts"][strongest]["gain"])]
+        findings.append(f"{name}: {strongest} ({frozen['mean'] * 100:.1f} frozen), "
+                        + (", ".join(f"{a} {_gain_cell(methods[a]['readouts'][strongest]['gain'])}" for a in gaining)
+                           or "none"))
+        for adapter, m in methods.items():
+            cells = [f"{_gain_cell(m['readouts'][r]['gain'])}{' *' if r == strongest else ''}" for r in readouts]
+            lines.append(f"| {name} | {len(study.get('seeds', []))} | {adapter} | " + " | ".join(cells) + " |")
+    header = "| study | seeds | adapter | " + " | ".join(f"gain: {r}" for r in readouts) + " |"
+    return ("## Headroom: what an adapter trained on every class at once gains over frozen features\n\n"
+            "Points, adapted − frozen, paired by seed (mean ± std); * marks the readout strongest on the frozen "
+            "features. Adapters gaining beyond the paired std on that readout — " + "; ".join(findings) + ".\n\n"
+            + header + "\n|---|---|---|" + "---|" * len(readouts) + "\n" + "\n".join(lines) + "\n\n")
