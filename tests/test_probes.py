@@ -106,3 +106,26 @@ def test_deep_forgetting_floor_is_the_frozen_row_and_methods_are_paired_against_
     paired = above_floor(rows["mars"], floor)
     assert abs(paired["mean"] - 0.20) < 1e-12 and paired["wins"] == 5 and paired["verdict"] == "better"
     assert deep_forgetting_floor({"mars": rows["mars"]}) is None
+
+
+def test_deep_forgetting_measured_by_another_probe_than_the_floors_is_not_set_against_it():
+    from hf_clroute.bench.classification import floor_markdown, with_verdicts
+    from hf_clroute.bench.probes import PROBE_NAME
+
+    def row(values, probe=None):
+        seeds = [{"seed": s, "deep_forgetting": v} | ({"probe": probe} if probe else {}) for s, v in enumerate(values)]
+        return {"per_seed": seeds, "deep_forgetting": {"mean": sum(values) / len(values), "std": 0.0}}
+
+    floor_row = row([0.10] * 5)  # written before the probe was recorded
+    floor = deep_forgetting_floor({"simplecil": floor_row})
+    assert floor["probe"] is None
+    assert above_floor(row([0.3] * 5), floor)["mean"] > 0.19  # same (unrecorded) probe: compared
+    assert above_floor(row([0.3] * 5, PROBE_NAME), floor) is None
+    mixed = row([0.3] * 5, PROBE_NAME)
+    mixed["per_seed"][0].pop("probe")
+    assert above_floor(mixed, deep_forgetting_floor({"simplecil": row([0.1] * 5, PROBE_NAME)})) is None
+    results = with_verdicts({"methods": {"simplecil": floor_row, "mars-fsa-slda": row([0.3] * 5, PROBE_NAME),
+                                         "ranpac-lora": row([0.2] * 5)}})
+    assert results["methods"]["mars-fsa-slda"]["deep_forgetting_above_floor"] is None
+    table = floor_markdown(results)
+    assert "| ranpac-lora |" in table and "Not set against the floor: mars-fsa-slda" in table

@@ -31,6 +31,7 @@ def test_bench_writes_plots_and_one_adapter_per_method(bench_run):
     assert {p.name for p in (bench_run / "adapters").iterdir()} == {"finetune", "ncm"}
     row = json.loads((bench_run / "results.json").read_text())["methods"]["finetune"]
     assert {"deep_forgetting", "probe_A_T", "snr_final"} <= set(row)
+    assert {r["probe"] for r in row["per_seed"]} == {"logistic"}  # which probe measured it travels with the row
 
 
 def _predictions(model, suite):

@@ -25,7 +25,7 @@ from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
 from .report import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_floor, edge_mark, paired_cell, se_cell
-from .probes import ForgettingProbes, forgetting_split
+from .probes import PROBE_NAME, ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
 from .results import write_run
 from .settings import RunSettings, load_selection, resolve_run
@@ -134,6 +134,7 @@ def summarize_result(result: StreamResult, scenario: str) -> dict[str, Any]:
         final = [p["probe_accuracy"] for p in probes["final"]]
         split = forgetting_split(result.accuracy_matrix, diag, final)
         row |= {
+            "probe": PROBE_NAME,
             "deep_forgetting": split["deep"],
             "deep_forgetting_per_task": split["deep_per_task"],
             "head_forgetting_per_task": split["head_per_task"],
@@ -407,6 +408,10 @@ def floor_markdown(results: dict) -> str:
              "| method | deep F | deep F − floor |", "|---|---|---|"]
     lines += [f"| {m} | {_fmt(r.get('deep_forgetting'))} | {paired_cell(r['deep_forgetting_above_floor'])} |"
               for m, r in rows.items() if m != floor["method"]]
+    other = [m for m, r in results["methods"].items() if r.get("deep_forgetting") and m not in rows and m != floor["method"]]
+    if other:
+        lines += ["", f"Not set against the floor: {', '.join(other)} (deep F measured by another probe than the "
+                      f"floor's, {floor.get('probe') or 'an earlier one, not recorded'}; see `probe` in results.json)."]
     return "\n".join(lines) + "\n"
 
 

@@ -36,6 +36,9 @@ from ..outputs import model_inputs
 if TYPE_CHECKING:  # pragma: no cover
     from ..engine import ContinualTrainer
 
+#: the probe's name, recorded in every probed results row (``probe``): deep forgetting measured by
+#: different probes is never compared (``report.above_floor``)
+PROBE_NAME = "logistic"
 #: the probe's L2 penalties, one chosen on a held-out fifth of its training examples
 PROBE_WEIGHT_DECAYS = (1e-6, 1e-5, 1e-4)
 #: share of the probe's training examples held out to choose its L2 penalty

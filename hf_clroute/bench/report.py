@@ -156,21 +156,32 @@ def _per_seed(row: dict, key: str) -> dict[int, float]:
     return {r["seed"]: r[key] for r in row.get("per_seed", []) if r.get(key) is not None}
 
 
+def probe_of(row: dict) -> str | None:
+    """The probe that measured a row's deep forgetting (its seeds' ``probe``): None for rows written before
+    the probe was recorded, "mixed" when its seeds disagree."""
+    names = {r.get("probe") for r in row.get("per_seed", []) if r.get("deep_forgetting") is not None}
+    return next(iter(names)) if len(names) == 1 else ("mixed" if names else None)
+
+
 def deep_forgetting_floor(rows: dict[str, dict]) -> dict | None:
     """The frozen backbone's deep forgetting on this table's streams: features that cannot change still
-    "forget" as the label space grows. ``{"method", "per_seed", "mean", "std"}`` from the first of
+    "forget" as the label space grows. ``{"method", "probe", "per_seed", "mean", "std"}`` from the first of
     :data:`FLOOR_ROWS` that was probed; None when none was."""
     for method in FLOOR_ROWS:
         per_seed = _per_seed(rows.get(method, {}), "deep_forgetting")
         if per_seed:
-            return {"method": method, "per_seed": per_seed, **mean_std(list(per_seed.values()))}
+            return {"method": method, "probe": probe_of(rows[method]), "per_seed": per_seed,
+                    **mean_std(list(per_seed.values()))}
     return None
 
 
 def above_floor(row: dict, floor: dict | None) -> dict | None:
-    """Paired per-seed difference of a row's deep forgetting and the floor (see ``paired_difference``)."""
+    """Paired per-seed difference of a row's deep forgetting and the floor (see ``paired_difference``);
+    None where the row's deep forgetting was measured by another probe than the floor's."""
     per_seed = _per_seed(row, "deep_forgetting")
-    return paired_difference(per_seed, floor["per_seed"]) if floor and per_seed else None
+    if not floor or not per_seed or probe_of(row) != floor.get("probe") or "mixed" == probe_of(row):
+        return None
+    return paired_difference(per_seed, floor["per_seed"])
 
 
 def paired_cell(paired: dict | None) -> str:
