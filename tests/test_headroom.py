@@ -30,7 +30,7 @@ def headroom_file(tiny_suite, tmp_path_factory):
         "name": "headroom-tiny", "runner": "headroom", "suite": str(suite),
         "adapters": ["rwf-identity-cosine", "lastblock"],
         "adapter_settings": {"rwf-identity-cosine": {"method": "rwf", "config": {"value_init": "identity"}}},
-        "epochs": [1, 2], "learning_rates": [0.001], "ranpac_projection_dim": 64,
+        "epochs": [1, 2], "learning_rates": [0.001], "ranpac_projection_dim": 64, "max_extensions": 0,
     }
     path = root / "headroom-tiny.json"
     path.write_text(json.dumps(study))
@@ -53,10 +53,12 @@ def test_runner_writes_every_adapter_and_readout_against_the_same_frozen_feature
             assert r["gain"] == pytest.approx(r["adapted"] - r["frozen"])
     for row in rows:
         assert len(row["grid"]) == 2 and row["pick"]["epochs"] in (1, 2)
+        assert row["edge"]  # either epoch count is an edge, and no extension was allowed
     table = (out / "results.md").read_text()
     lines = [line for line in table.splitlines() if line.startswith("| ") and "adapter" not in line]
     assert len(lines) == 2 * len(READOUTS)
     assert {line.split("|")[2].strip() for line in lines} == set(READOUTS)
+    assert all(line.split("|")[-2].strip().endswith("†") for line in lines)  # the edge picks are marked
 
 
 def test_adapted_module_is_frozen_and_lastblock_trains_the_last_block(headroom_file):
@@ -102,3 +104,62 @@ def test_bad_headroom_suite_is_refused_before_training(tmp_path):
                       adapter_settings={"lroa": {"method": "lora"}})
     with pytest.raises(ValueError, match="learning_rates"):
         HeadroomSuite(name="x", runner="headroom", suite="split-mnist", adapters=["lora"], learning_rates=[])
+
+
+class _ScriptedTrainer:
+    """Stands in for the engine in ``adapt``: validation after each epoch from ``score(lr, epoch)``."""
+
+    score = None
+    calls: list = []
+
+    def __init__(self, model, stream, training, *args, **kwargs):
+        self.model, self.training = model, training
+
+    def fit(self):
+        lr, epochs = self.training.learning_rate, self.training.epochs
+        type(self).calls.append((lr, epochs))
+        self.model.trained = (lr, epochs)
+        return type("Result", (), {"anytime": [(e, type(self).score(lr, e)) for e in range(1, epochs + 1)]})()
+
+
+@pytest.mark.parametrize("peak_epochs, calls, pick, edge", [
+    # Better with every epoch: lr extends low (1e-4, no better), then epochs high (4, better); the pick is
+    # still on the epochs edge when the 2 extensions are used up, and is the run at 4 epochs itself.
+    (None, [(1e-3, 2), (1e-2, 2), (1e-4, 2), (1e-3, 4)], {"learning_rate": 1e-3, "epochs": 4}, True),
+    # Best at 2 epochs: the extension to 4 is worse, so the pick (2 epochs) is trained again for exactly that.
+    (2, [(1e-3, 2), (1e-2, 2), (1e-4, 2), (1e-3, 4), (1e-3, 2)], {"learning_rate": 1e-3, "epochs": 2}, False),
+])
+def test_an_edge_pick_extends_its_axis_by_tunes_rule(headroom_file, monkeypatch, peak_epochs, calls, pick, edge):
+    import dataclasses
+    import math
+
+    import hf_clroute.bench.headroom as headroom_module
+
+    def score(lr, epochs):
+        quality = epochs if peak_epochs is None else -abs(epochs - peak_epochs)
+        return 0.1 * quality - 0.01 * abs(math.log10(lr) + 3)  # learning rate best at 1e-3, in the grid
+
+    class Model(torch.nn.Linear):
+        def parameter_counts(self):
+            return {"trainable_params": 3}
+
+    def build(headroom, suite, name, seed, learning_rate, epochs):
+        return Model(1, 1), type("Training", (), {"learning_rate": learning_rate, "epochs": epochs})()
+
+    _ScriptedTrainer.score, _ScriptedTrainer.calls = staticmethod(score), []
+    monkeypatch.setattr(headroom_module, "ContinualTrainer", _ScriptedTrainer)
+    monkeypatch.setattr(headroom_module, "build_adapter", build)
+    monkeypatch.setattr(headroom_module, "make_accelerator", lambda training: None)
+    monkeypatch.setattr(dataclasses, "replace", lambda training, **changes: training)
+    headroom = HeadroomSuite(name="x", runner="headroom", suite="split-mnist", adapters=["lora"], epochs=[1, 2],
+                             learning_rates=[1e-3, 1e-2], max_extensions=2)
+    suite = SuiteConfig.load(HeadroomSuite.load(str(headroom_file)).suite)
+    joint = joint_experience(build_stream(suite, 0), 0)
+    model, record = adapt(headroom, suite, "lora", 0, joint, collator=None)
+    assert _ScriptedTrainer.calls == calls
+    assert record["pick"] == pick and model.trained == (pick["learning_rate"], pick["epochs"])
+    assert [e["axis"] for e in record["extensions"]] == ["learning_rate", "epochs"]
+    assert record["edge"] is edge and len(record["grid"]) == 4 + 2
+    assert not model.weight.requires_grad and not model.training
+    with pytest.raises(ValueError, match="max_extensions"):
+        HeadroomSuite(name="x", runner="headroom", suite="split-mnist", adapters=["lora"], max_extensions=-1)

@@ -13,7 +13,8 @@ import pytest
 
 from hf_clroute.bench import tune as tuning
 from hf_clroute.bench.settings import CONFIG_ROOT, registered_method
-from hf_clroute.bench.tune import BUDGET, LEARNING_RATES, MAX_EXTENSIONS, search, search_grid, selected, step_past
+from hf_clroute.bench.grid_search import MAX_EXTENSIONS, search, step_past
+from hf_clroute.bench.tune import BUDGET, LEARNING_RATES, search_grid, selected
 
 LR = "training.learning_rate"
 #: methods that train nothing: their grid is their own 12 points (or one point when they have no knob)

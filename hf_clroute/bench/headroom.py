@@ -5,7 +5,7 @@ suite's own stream for that seed, its validation split carved as for ``hf-clrout
 tune``) is ONE joint task. Each adapter trains on it offline with a linear head, on the
 engine (:class:`~hf_clroute.engine.ContinualTrainer` over a one-experience stream), its
 epochs and learning rate chosen on the validation split from one grid shared by every
-adapter; then it is frozen, and the same readouts are fitted on its features and on the
+adapter, edge picks extended by the search rule of ``hf-clroute tune``; then it is frozen, and the same readouts are fitted on its features and on the
 frozen backbone's features (computed once per seed), every feature pass in eval mode:
 
 * ``slda``: streaming LDA (``heads.lda``), shrinkage chosen on validation;
@@ -40,6 +40,7 @@ from ..heads import RandomProjectionRidgeHead, StreamingLDAHead
 from ..metrics import mean_std
 from ..model import CLModel, get_cl_model
 from .feature_cache import FeatureCollator, cache_stream_features
+from .grid_search import MAX_EXTENSIONS, search
 from .pretrained import linear_probe_accuracy
 from .probes import model_features
 from .results import markdown_table, write_run
@@ -71,6 +72,8 @@ class HeadroomSuite:
     ranpac_lambdas: list[float] = field(default_factory=lambda: [0.01, 0.1, 1.0, 10.0, 100.0, 1000.0],
                                         metadata={"help": "RanPAC ridge lambdas, one chosen on validation."})
     ranpac_projection_dim: int = field(default=2048, metadata={"help": "RanPAC's random projection width M."})
+    max_extensions: int = field(default=MAX_EXTENSIONS, metadata={"help": "Runs an edge pick may add past the grid's "
+                                                                   "edges (the search rule of hf-clroute tune)."})
     probe_weight_decay: float = field(default=1e-4, metadata={"help": "L2 penalty of the logistic probe."})
     quick: dict[str, Any] = field(default_factory=dict, metadata={"help": "Overrides of the fields above for --quick."})
     description: str = field(default="", metadata={"help": "What the study measures."})
@@ -85,6 +88,9 @@ class HeadroomSuite:
             if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in values):
                 raise ValueError(f"suite {self.name!r}: HeadroomSuite.{name} must be a non-empty list of positive "
                                  f"numbers, got {values!r}")
+        if isinstance(self.max_extensions, bool) or not isinstance(self.max_extensions, int) or self.max_extensions < 0:
+            raise ValueError(f"suite {self.name!r}: HeadroomSuite.max_extensions must be an integer >= 0, got "
+                             f"{self.max_extensions!r}")
         if any(not isinstance(e, int) for e in self.epochs):
             raise ValueError(f"suite {self.name!r}: HeadroomSuite.epochs must be integers, got {self.epochs!r}")
         unknown = sorted(set(self.adapter_settings) - set(self.adapters))
@@ -198,35 +204,46 @@ def build_adapter(headroom: HeadroomSuite, suite: SuiteConfig, name: str, seed: 
 
 def adapt(headroom: HeadroomSuite, suite: SuiteConfig, name: str, seed: int, joint: Experience, collator: Callable,
           progress: bool = False) -> tuple[CLModel, dict[str, Any]]:
-    """Train adapter ``name`` with a linear head on the joint task over the (learning rate x epochs)
-    grid, pick the point with the best validation accuracy, and return that model frozen.
+    """Train adapter ``name`` with a linear head on the joint task, choose its learning rate and epochs on
+    validation by the shared search rule (``grid_search.search``: the suite's grid, then edge picks
+    extended up to ``max_extensions`` runs), and return the picked model frozen.
 
-    One run per learning rate trains for the largest epoch count and is scored on validation
-    after every epoch (the engine's anytime evaluations, ``evals_per_task = epochs``); a pick
-    with fewer epochs is trained again for exactly that many (same seed, same data order)."""
+    A run at one learning rate is scored on validation after every epoch (the engine's anytime
+    evaluations, ``evals_per_task = epochs``), so the shorter points at that rate are read off it; a
+    point with more epochs than any run so far trains that rate again for them, and a pick with fewer
+    epochs than its rate's last run is trained again for exactly that many (same seed, same data order)."""
     scoring = validation_stream([joint])
-    longest = max(headroom.epochs)
-    grid, trained = [], {}
-    for lr in headroom.learning_rates:
-        model, training = build_adapter(headroom, suite, name, seed, lr, longest)
+    runs: dict[float, tuple[CLModel, list[float]]] = {}  # learning rate -> (its last model, validation after each epoch)
+
+    def train(lr: float, epochs: int) -> None:
+        model, training = build_adapter(headroom, suite, name, seed, lr, epochs)
         result = ContinualTrainer(model, scoring, dataclasses.replace(training, progress=progress), collator,
                                   make_accelerator(training), run_info={"suite": suite.name, "headroom": name}).fit()
         after_epoch = [accuracy for _, accuracy in result.anytime]  # entry e-1: after epoch e
-        if len(after_epoch) != longest:
-            raise ValueError(f"adapter {name!r}: {len(after_epoch)} validation scores for {longest} epochs; the "
+        if len(after_epoch) != epochs:
+            raise ValueError(f"adapter {name!r}: {len(after_epoch)} validation scores for {epochs} epochs; the "
                              "joint task needs at least one training batch per epoch")
-        grid += [{"learning_rate": lr, "epochs": e, "validation": after_epoch[e - 1]} for e in headroom.epochs]
-        trained[lr] = model
-    pick = max(grid, key=lambda point: point["validation"])  # ties: the first in grid order
-    model = trained[pick["learning_rate"]]
-    if pick["epochs"] != longest:
-        model, training = build_adapter(headroom, suite, name, seed, pick["learning_rate"], pick["epochs"])
-        ContinualTrainer(model, scoring, dataclasses.replace(training, progress=progress), collator,
-                         make_accelerator(training), run_info={"suite": suite.name, "headroom": name}).fit()
+        runs[lr] = (model, after_epoch)
+
+    def score(point: dict[str, Any]) -> float:
+        lr, epochs = point["learning_rate"], point["epochs"]
+        if len(runs.get(lr, (None, []))[1]) < epochs:
+            train(lr, max(epochs, *headroom.epochs))
+        return runs[lr][1][epochs - 1]
+
+    grid = [{"learning_rate": lr, "epochs": e} for lr in headroom.learning_rates for e in headroom.epochs]
+    found = search(grid, score, valid=lambda p: p["epochs"] >= 1, max_extensions=headroom.max_extensions)
+    pick = found["pick_point"]
+    if len(runs[pick["learning_rate"]][1]) != pick["epochs"]:
+        train(pick["learning_rate"], pick["epochs"])
+    model = runs[pick["learning_rate"]][0]
     model.requires_grad_(False)  # the adapter is a fixed feature extractor from here on
     model.eval()
-    record = {"grid": grid, "pick": {k: pick[k] for k in ("learning_rate", "epochs")},
-              "validation": pick["validation"], "trainable_params": int(model.parameter_counts()["trainable_params"])}
+    tried = grid + [e["point"] for e in found["extensions"]]
+    scores = found["validation_A_T"] + [e["validation_A_T"] for e in found["extensions"]]
+    record = {"grid": [{**p, "validation": v} for p, v in zip(tried, scores)], "pick": pick,
+              "validation": found["pick_validation_A_T"], "extensions": found["extensions"], "edge": found["edge"],
+              "edge_axes": found["edge_axes"], "trainable_params": int(model.parameter_counts()["trainable_params"])}
     return model, record
 
 
@@ -309,10 +326,12 @@ def results_markdown(results: dict) -> str:
              f"Each adapter trained offline with a linear head on all of {results['config']['suite']}'s training "
              "classes at once (epochs and learning rate chosen on validation), then frozen; the same readouts "
              "fitted on its features and on the frozen backbone's. Test accuracy in %, mean ± std over seeds; "
-             "gain = adapted − frozen, paired by seed (per-seed gains in the last column).", ""]
+             "gain = adapted − frozen, paired by seed (per-seed gains in the last column). † : the pick is still on "
+             "the edge of its grid after extension.", ""]
     rows = []
     for name, m in results["methods"].items():
-        picks = ", ".join(f"{r['pick']['learning_rate']:g}/{r['pick']['epochs']}" for r in m["per_seed"])
+        picks = ", ".join(f"{r['pick']['learning_rate']:g}/{r['pick']['epochs']}{'†' if r.get('edge') else ''}"
+                          for r in m["per_seed"])
         for readout in READOUTS:
             s = m["readouts"][readout]
             gains = ", ".join(f"{r['readouts'][readout]['gain'] * 100:+.1f}" for r in m["per_seed"])
