@@ -2,7 +2,7 @@
 # The first-session-adaptation tables and the headroom test, as committed under results/
 # (fsa-split-mnist, fsa-split-fashion, headroom-split-mnist-cpu, headroom-split-fashion-cpu).
 #   scripts/fsa_tables.sh              everything
-#   scripts/fsa_tables.sh extra <suite>  only the rows added on seeds 0-2
+#   scripts/fsa_tables.sh extra <suite>  only the added rows (EXTRA= a subset)
 # Each suite: every method tuned on the validation split (seed 0, 12 configurations each, edge
 # picks extended), then the picks run on seeds 0-4 over the fixed test set. About an hour per
 # suite on one core of a 2-core CPU; the suites run side by side, one thread each.
@@ -21,14 +21,22 @@ headroom() {  # suite
   "$BIN/hf-clroute" bench --suite "$1" --seeds 0,1,2 --out "results/$1" --no-progress
 }
 # The other adaptation modules and heads (MaRS's memory and RwF under streaming LDA, APER's LoRA under
-# SimpleCIL), added to the fsa-<suite> table on seeds 0-2 (rows no README claim rests on).
+# SimpleCIL), added to the fsa-<suite> table on 5 seeds; and the floor rows (simplecil, slda: cached
+# frozen features, the same A_T) again, so that the deep forgetting of the added rows is set against a
+# floor measured by the same probe (the committed adaptation rows were probed by an earlier one).
 extra_methods=${EXTRA:-mars-fsa-slda,rwf-fsa-slda,aper-lora}
 extra() {  # suite
-  out=results/fsa-$1.extra
-  "$BIN/hf-clroute" tune --suite "$1" --methods "$extra_methods" --seed 0 --out "$out" --no-progress
-  "$BIN/hf-clroute" bench --suite "$1" --methods "$extra_methods" --seeds 0,1,2 --out "$out" \
-      --selection "$out/selection.json" --no-progress
-  "$BIN/hf-clroute" merge --out "results/fsa-$1" "results/fsa-$1" "$out"
+  parts=results/fsa-$1.parts
+  dirs=()
+  for m in ${extra_methods//,/ }; do
+    "$BIN/hf-clroute" tune --suite "$1" --methods "$m" --seed 0 --out "$parts/$m" --no-progress
+    "$BIN/hf-clroute" bench --suite "$1" --methods "$m" --seeds 0,1,2,3,4 --out "$parts/$m" \
+        --selection "$parts/$m/selection.json" --no-progress
+    dirs+=("$parts/$m")
+  done
+  "$BIN/hf-clroute" bench --suite "$1" --methods simplecil,slda --seeds 0,1,2,3,4 --out "$parts/floor" \
+      --selection "results/fsa-$1/selection.json" --no-progress
+  "$BIN/hf-clroute" merge --out "results/fsa-$1" "results/fsa-$1" "${dirs[@]}" "$parts/floor"
 }
 if [ "${1:-}" = extra ]; then extra "$2"; exit; fi
 (fsa split-mnist; headroom headroom-split-mnist-cpu; extra split-mnist) &
