@@ -21,10 +21,10 @@ headroom() {  # suite
   "$BIN/hf-clroute" bench --suite "$1" --seeds 0,1,2 --out "results/$1" --no-progress
 }
 # The other adaptation modules and heads (MaRS's memory and RwF under streaming LDA, APER's LoRA under
-# SimpleCIL), added to the fsa-<suite> table on 5 seeds; and the floor rows (simplecil, slda: cached
+# SimpleCIL, and its VPT), added to the fsa-<suite> table on 5 seeds; and the floor rows (simplecil, slda: cached
 # frozen features, the same A_T) again, so that the deep forgetting of the added rows is set against a
 # floor measured by the same probe (the committed adaptation rows were probed by an earlier one).
-extra_methods=${EXTRA:-mars-fsa-slda,rwf-fsa-slda,aper-lora}
+extra_methods=${EXTRA:-mars-fsa-slda,rwf-fsa-slda,aper-lora,aper-vpt}
 extra() {  # suite
   parts=results/fsa-$1.parts
   dirs=()
