@@ -61,6 +61,21 @@ def test_runner_writes_every_adapter_and_readout_against_the_same_frozen_feature
     assert all(line.split("|")[-2].strip().endswith("†") for line in lines)  # the edge picks are marked
 
 
+def test_runs_split_by_adapter_merge_into_one_study_with_one_frozen_row_per_seed(headroom_file, tmp_path):
+    parts = []
+    for name in ("rwf-identity-cosine", "lastblock"):  # one seed's adapters run as separate jobs
+        parts.append(tmp_path / name)
+        assert main(["bench", "--suite", str(headroom_file), "--seeds", "0", "--methods", name, "--out", str(parts[-1])]) == 0
+    out = tmp_path / "merged"
+    assert main(["merge", *map(str, parts), "--out", str(out)]) == 0
+    merged = json.loads((out / "results.json").read_text())
+    assert set(merged["methods"]) == {"rwf-identity-cosine", "lastblock"} and merged["seeds"] == [0]
+    first = json.loads((parts[0] / "results.json").read_text())
+    assert len(merged["frozen"]) == 1  # the seed's frozen readouts, once: both runs read the same features
+    assert {r: merged["frozen"][0][r] for r in READOUTS} == {r: first["frozen"][0][r] for r in READOUTS}
+    assert [c.split()[1] for c in merged["commands"]] == ["bench", "bench", "merge"]
+
+
 def test_adapted_module_is_frozen_and_lastblock_trains_the_last_block(headroom_file):
     headroom = HeadroomSuite.load(str(headroom_file))
     suite = SuiteConfig.load(headroom.suite)
