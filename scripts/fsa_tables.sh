@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The first-session-adaptation tables and the headroom test, as committed under results/
-# (fsa-split-mnist, fsa-split-fashion, headroom-split-mnist-cpu, headroom-split-fashion-cpu).
-#   scripts/fsa_tables.sh              everything
-#   scripts/fsa_tables.sh extra <suite>  only the added rows (EXTRA= a subset)
+# (fsa-split-mnist, fsa-split-fashion, headroom-split-mnist-cpu, headroom-split-fashion-cpu,
+# headroom-wordnet-cpu).
+#   scripts/fsa_tables.sh                  the image suites' tables and headroom tests
+#   scripts/fsa_tables.sh extra <suite>    only the added rows (EXTRA= a subset)
+#   scripts/fsa_tables.sh headroom-wordnet WordNet's headroom test, one job per seed and adapter
+#                                          (SEEDS=, ADAPTERS= subsets), two at a time, then merged
 # Each suite: every method tuned on the validation split (seed 0, 12 configurations each, edge
 # picks extended), then the picks run on seeds 0-4 over the fixed test set. About an hour per
 # suite on one core of a 2-core CPU; the suites run side by side, one thread each.
@@ -38,7 +41,21 @@ extra() {  # suite
       --selection "results/fsa-$1/selection.json" --no-progress
   "$BIN/hf-clroute" merge --out "results/fsa-$1" "results/fsa-$1" "${dirs[@]}" "$parts/floor"
 }
+# WordNet's adapters take 35-60 core-minutes each per seed here, so each (seed, adapter) is its own job.
+headroom_wordnet() {
+  parts=results/headroom-wordnet-cpu.parts
+  for seed in ${SEEDS:-0 1 2}; do
+    for a in ${ADAPTERS:-lastblock lora rwf-identity-cosine}; do
+      "$BIN/hf-clroute" bench --suite headroom-wordnet-cpu --seeds "$seed" --methods "$a" --out "$parts/s$seed-$a" \
+          --no-progress &
+      while [ "$(jobs -rp | wc -l)" -ge 2 ]; do sleep 10; done
+    done
+  done
+  wait
+  "$BIN/hf-clroute" merge --out results/headroom-wordnet-cpu "$parts"/s*
+}
 if [ "${1:-}" = extra ]; then extra "$2"; exit; fi
+if [ "${1:-}" = headroom-wordnet ]; then headroom_wordnet; "$BIN/hf-clroute" report; exit; fi
 (fsa split-mnist; headroom headroom-split-mnist-cpu; extra split-mnist) &
 (fsa split-fashion; headroom headroom-split-fashion-cpu; extra split-fashion)
 wait
