@@ -187,4 +187,7 @@ def test_the_headroom_table_names_adapters_gaining_beyond_the_std_on_the_stronge
     assert "| headroom-mnist | 3 | rwf | +5.0 ± 1.0 | +0.4 ± 1.0 * | +2.0 ± 1.0 |" in table
     study["methods"] = {"rwf": study["methods"]["rwf"]}
     assert "headroom-mnist: ranpac (80.0 frozen), none." in headroom_table({"headroom-mnist": study})
+    study["seeds"] = [0]  # one seed has no paired std: its gains are listed as such, not as beyond the std
+    assert ("headroom-mnist (1 seed, no paired std; every gain): ranpac (80.0 frozen), rwf +0.4 ± 1.0."
+            in headroom_table({"headroom-mnist": study}))
     assert headroom_table({}) == ""
