@@ -41,7 +41,7 @@ extra() {  # suite
       --selection "results/fsa-$1/selection.json" --no-progress
   "$BIN/hf-clroute" merge --out "results/fsa-$1" "results/fsa-$1" "${dirs[@]}" "$parts/floor"
 }
-# WordNet's adapters take 35-60 core-minutes each per seed here, so each (seed, adapter) is its own job.
+# WordNet's adapters take 35-80 core-minutes each per seed here, so each (seed, adapter) is its own job.
 headroom_wordnet() {
   parts=results/headroom-wordnet-cpu.parts
   for seed in ${SEEDS:-0 1 2}; do

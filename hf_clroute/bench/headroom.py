@@ -24,7 +24,6 @@ files, e.g. ``lastblock`` for fine-tuning the last transformer block only, or
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -345,9 +344,4 @@ def results_markdown(results: dict) -> str:
 def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
     """Join headroom runs of one study (one per seed, or per adapter of a seed) and re-aggregate them,
     keeping one frozen-readout row per seed (runs of one seed read the same frozen features)."""
-    frozen = {row["seed"]: row for d in run_dirs for row in json.loads((Path(d) / "results.json").read_text())["frozen"]}
-
-    def write(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
-        return write_results({**header, "frozen": [frozen[s] for s in header["seeds"] if s in frozen]}, runs, out)
-
-    return merge_seed_runs(run_dirs, out, write, drop)
+    return merge_seed_runs(run_dirs, out, write_results, drop, seed_rows=("frozen",))

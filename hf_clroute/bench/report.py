@@ -318,9 +318,10 @@ def headroom_table(studies: dict[str, dict]) -> str:
         methods = study.get("methods") or {}
         if not methods:
             continue
-        readouts = [r for r in READOUTS if r in next(iter(methods.values()))["readouts"]]
-        strongest = max(readouts, key=lambda r: next(iter(methods.values()))["readouts"][r]["frozen"]["mean"])
-        frozen = next(iter(methods.values()))["readouts"][strongest]["frozen"]
+        first = next(iter(methods.values()))["readouts"]  # every adapter of a study shares the frozen readouts
+        readouts = [r for r in READOUTS if r in first]
+        strongest = max(readouts, key=lambda r: first[r]["frozen"]["mean"])
+        frozen = first[strongest]["frozen"]
         one_seed = len(study.get("seeds", [])) < 2  # no paired std to clear: every gain is listed, as such
         gaining = [a for a, m in methods.items() if one_seed or beyond_std(m["readouts"][strongest]["gain"])]
         findings.append(f"{name}{' (1 seed, no paired std; every gain)' if one_seed else ''}: "

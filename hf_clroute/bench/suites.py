@@ -194,12 +194,14 @@ def same_suite_config(a: dict[str, Any], b: dict[str, Any], suite_class: type | 
 
 
 def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[dict, dict, Path], dict],
-                    drop: tuple[str, ...] = ()) -> dict:
+                    drop: tuple[str, ...] = (), seed_rows: tuple[str, ...] = ()) -> dict:
     """Join the per-seed rows of several runs of one runner suite and re-aggregate them.
 
     Runs must share the suite and its config (the stream is a function of suite and
     seed, so each invocation saw identical data); a later run's row replaces an
-    earlier one for the same method and seed; methods in ``drop`` are left out.
+    earlier one for the same method and seed; methods in ``drop`` are left out. Header keys in
+    ``seed_rows`` hold per-seed rows outside any method (a headroom study's frozen readouts): they
+    are joined the same way, one row per seed.
     ``write_results(header, rows_by_method, out)`` is the runner's own aggregation and report.
     """
     results = [json.loads((Path(d) / "results.json").read_text()) for d in run_dirs]
@@ -219,6 +221,9 @@ def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[di
         "config": first["config"],
         "commands": [c for run in results for c in run.get("commands", [])],
     }
+    for key in seed_rows:
+        by_seed = {row["seed"]: row for run in results for row in run.get(key, [])}
+        header[key] = [by_seed[s] for s in header["seeds"] if s in by_seed]
     return write_results(header, {m: [by_seed[s] for s in sorted(by_seed)] for m, by_seed in rows.items()}, Path(out))
 
 
