@@ -1,0 +1,216 @@
+"""The reproduction table: each paper's headline claims against what our committed runs measure.
+
+The claims live in ``results/reproduction/claims.json`` (written by hand: what each paper reports,
+and which committed results measure it). Everything else is computed here from the committed
+``results/*/results.json``, so the table can never disagree with the runs:
+
+* **our figure**: mean ± std over the seeds of each side of the claim;
+* **the paired verdict**: per-seed differences ``a - b`` over the seeds both sides share
+  (``metrics.aggregate.paired_difference``; a claim may lower the seed minimum to 3 for the costly
+  LM and plasticity runs, and the row says so);
+* **the status**, by one rule for every row:
+  - *not measured*: a side's results or row is not committed;
+  - *reproduced in direction*: the paired difference is significant (p < 0.05) in the claimed
+    direction, and a ratio claim also reaches its ratio target;
+  - *not reproduced*: otherwise. Such a row must name the run that isolates why
+    (``isolating_run``); a claim file without one is refused.
+
+A claim's ``compare`` is one of ``greater`` (a > b), ``less`` (a < b), ``ratio_at_least``
+(mean a / mean b >= ``target``, a > b), ``ratio_at_most`` (mean a / mean b <= ``target``, a < b), and
+``near`` (one side, no b: abs(mean a - target) <= ``tolerance``; "reproduced" when it holds).
+
+A side reads ``metric`` of ``method`` in each ``per_seed`` row of ``results/<results>/results.json``, or,
+when ``results`` names a ``.json`` file and no method is given, the one number at the dotted ``metric``
+path in that file (list indices allowed), for measurements that have no seeds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UserInputError
+from ..metrics.aggregate import mean_std, paired_difference
+
+COMPARES = ("greater", "less", "ratio_at_least", "ratio_at_most", "near")
+CLAIMS_FILE = Path("reproduction") / "claims.json"
+
+
+@dataclass(frozen=True)
+class Side:
+    """One measured quantity: ``metric`` of ``method`` in ``results/<results>/results.json``, per seed."""
+
+    results: str
+    metric: str
+    method: str | None = None
+    scale: float = 1.0  # e.g. 100 to print a fraction as %
+
+    def per_seed(self, root: Path) -> dict[int, float] | None:
+        if self.method is None:  # one number in a JSON file, no seeds
+            path = root / self.results
+            value = _dig(json.loads(path.read_text()), self.metric) if path.exists() else None
+            return None if value is None else {0: float(value) * self.scale}
+        path = root / self.results / "results.json"
+        if not path.exists():
+            return None
+        rows = json.loads(path.read_text()).get("methods", {})
+        row = rows.get(self.method)
+        if row is None:
+            return None
+        values = {}
+        for seed_row in row.get("per_seed", []):
+            value = _dig(seed_row, self.metric)
+            if value is not None:
+                values[int(seed_row["seed"])] = float(value) * self.scale
+        return values or None
+
+
+def _dig(node, dotted: str):
+    for key in dotted.split("."):
+        if isinstance(node, list) and key.lstrip("-").isdigit() and -len(node) <= int(key) < len(node):
+            node = node[int(key)]
+        elif isinstance(node, dict) and key in node:
+            node = node[key]
+        else:
+            return None
+    return node if isinstance(node, (int, float)) and not isinstance(node, bool) else None
+
+
+@dataclass(frozen=True)
+class Claim:
+    paper: str
+    claim: str
+    paper_figure: str
+    setting: str
+    a: Side | None = None
+    b: Side | None = None
+    compare: str = "greater"
+    target: float | None = None
+    min_seeds: int = 5
+    isolating_run: str = ""
+    note: str = ""
+    tolerance: float | None = None
+
+    @classmethod
+    def from_dict(cls, raw: dict, where: str) -> "Claim":
+        known = {"paper", "claim", "paper_figure", "setting", "a", "b", "compare", "target", "tolerance",
+                 "min_seeds", "isolating_run", "note"}
+        unknown = set(raw) - known
+        if unknown:
+            raise UserInputError(f"{where}: unknown field(s) {sorted(unknown)}; known: {sorted(known)}")
+        for name in ("paper", "claim", "paper_figure", "setting"):
+            if not isinstance(raw.get(name), str) or not raw[name]:
+                raise UserInputError(f"{where}: field {name!r} must be a non-empty string")
+        compare = raw.get("compare", "greater")
+        if compare not in COMPARES:
+            raise UserInputError(f"{where}: field 'compare' must be one of {COMPARES}, got {compare!r}")
+        if (compare.startswith("ratio") or compare == "near") and not isinstance(raw.get("target"), (int, float)):
+            raise UserInputError(f"{where}: a {compare!r} claim needs a numeric 'target'")
+        if compare == "near" and not isinstance(raw.get("tolerance"), (int, float)):
+            raise UserInputError(f"{where}: a 'near' claim needs a numeric 'tolerance'")
+        sides = {}
+        for name in ("a", "b"):
+            if raw.get(name) is not None:
+                try:
+                    sides[name] = Side(**raw[name])
+                except TypeError as err:
+                    raise UserInputError(f"{where}: field {name!r}: {err}") from None
+        if compare == "near" and "b" in sides:
+            raise UserInputError(f"{where}: a 'near' claim measures one side 'a' against its target, no 'b'")
+        if compare != "near" and ("a" in sides) != ("b" in sides):
+            raise UserInputError(f"{where}: a {compare!r} claim measures both sides 'a' and 'b', or neither")
+        return cls(paper=raw["paper"], claim=raw["claim"], paper_figure=raw["paper_figure"],
+                   setting=raw["setting"], compare=compare, target=raw.get("target"), tolerance=raw.get("tolerance"),
+                   min_seeds=int(raw.get("min_seeds", 5)), isolating_run=raw.get("isolating_run", ""),
+                   note=raw.get("note", ""), **sides)
+
+
+def load_claims(path: Path) -> list[Claim]:
+    raw = json.loads(path.read_text())
+    if not isinstance(raw, list):
+        raise UserInputError(f"{path}: expected a JSON list of claims, got {type(raw).__name__}")
+    return [Claim.from_dict(item, f"{path} claim {i}") for i, item in enumerate(raw)]
+
+
+def assess(claim: Claim, root: Path) -> dict:
+    """Our figure, the paired verdict and the status of one claim (see the module docstring)."""
+    out = {"claim": claim, "a": None, "b": None, "paired": None, "ratio": None, "status": "not measured"}
+    if claim.a is None:
+        return out
+    if claim.compare == "near":
+        a = claim.a.per_seed(root)
+        if a is None:
+            return out
+        out["a"] = mean_std(list(a.values()))
+        out["status"] = ("reproduced" if abs(out["a"]["mean"] - claim.target) <= claim.tolerance
+                         else "not reproduced")
+        return _checked(claim, out)
+    a, b = claim.a.per_seed(root), claim.b.per_seed(root)
+    if a is None or b is None:
+        return out
+    out["a"], out["b"] = mean_std(list(a.values())), mean_std(list(b.values()))
+    paired = paired_difference(a, b, min_seeds=claim.min_seeds)
+    out["paired"] = paired
+    want_greater = claim.compare in ("greater", "ratio_at_least")
+    significant = paired is not None and paired["verdict"] == ("better" if want_greater else "worse")
+    if claim.compare.startswith("ratio") and out["b"]["mean"] != 0:
+        out["ratio"] = out["a"]["mean"] / out["b"]["mean"]
+        if claim.compare == "ratio_at_least":
+            significant = significant and out["ratio"] >= claim.target
+        else:
+            significant = significant and out["ratio"] <= claim.target
+    out["status"] = "reproduced in direction" if significant else "not reproduced"
+    return _checked(claim, out)
+
+
+def _checked(claim: Claim, out: dict) -> dict:
+    if out["status"] == "not reproduced" and not claim.isolating_run:
+        raise UserInputError(f"claim {claim.paper}: {claim.claim!r} is not reproduced by the committed runs and names "
+                             "no isolating_run; say which run isolates why")
+    return out
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")  # a literal pipe would split the Markdown cell
+
+
+def _figure(stat: dict | None, digits: int = 2) -> str:
+    return "n/a" if stat is None else f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
+
+
+def _paired_cell(paired: dict | None, ratio: float | None) -> str:
+    if paired is None:
+        return "n/a"
+    p = "n/a" if paired["p"] is None else f"{paired['p']:.3f}"
+    cell = f"{paired['mean']:+.2f} ± {paired['std']:.2f} ({paired['wins']}/{paired['n']} seeds, p {p}: {paired['verdict']})"
+    return cell + (f"; ratio {ratio:.2f}x" if ratio is not None else "")
+
+
+def reproduction_table(results_root: Path) -> str:
+    """The BENCHMARKS.md section: one row per claim, '' when no claims file is committed."""
+    path = results_root / CLAIMS_FILE
+    if not path.exists():
+        return ""
+    lines = [
+        "## Reproduction: the papers' headline claims\n",
+        f"Claims and their settings: `{CLAIMS_FILE.as_posix()}` under the results folder; our figures, paired "
+        "verdicts and statuses are computed from the committed results (`hf_clroute/bench/reproduction.py`). "
+        "Our figure: a and b, mean ± std over seeds; paired: a - b per seed, paired t (p < 0.05).\n",
+        "| paper | claim | paper's figure | our setting | ours: a / b | paired a - b | status |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for claim in load_claims(path):
+        got = assess(claim, results_root)
+        status = got["status"]
+        if status == "not reproduced":
+            status += f": {claim.isolating_run}"
+        elif status == "not measured" and claim.isolating_run:
+            status += f" ({claim.isolating_run})"
+        seeds = f" (paired test on {claim.min_seeds}+ seeds)" if claim.min_seeds != 5 else ""
+        ours = "n/a" if got["a"] is None else _figure(got["a"]) + (f" / {_figure(got['b'])}" if got["b"] else "")
+        cells = [claim.paper, claim.claim, claim.paper_figure, claim.setting + seeds, ours,
+                 _paired_cell(got["paired"], got["ratio"]), status]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    notes = [f"- {c.paper}, {c.claim}: {c.note}" for c in load_claims(path) if c.note]
+    return "\n".join(lines) + "\n" + ("\nNotes:\n" + "\n".join(notes) + "\n" if notes else "") + "\n"
