@@ -6,10 +6,15 @@ every evaluation. The bench computes each example's features once per seed and
 gives those methods (``CLModel.reads_frozen_features``) a stream whose batches carry
 ``features`` instead of pixels or tokens; ``CLModel.extract_features`` passes them through. Results say which
 methods ran on cached features (their throughput then excludes the backbone).
+
+Encoding runs under the ``features`` phase's autocast (:mod:`hf_clroute.precision`: bf16 where it
+was measured faster for this backbone); the cached features are float32 either way, and each
+cached experience records the choice in ``info["feature_precision"]``.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import replace
 from typing import Any, Callable
@@ -24,6 +29,9 @@ from ..backbones import get_backbone_spec, get_base_model, pooled_features
 from ..data.collate import batch_column, batch_labels
 from ..data.streams import Experience
 from ..outputs import model_inputs
+from ..precision import Choice, resolve_for
+
+logger = logging.getLogger(__name__)
 
 
 class FeatureCollator:
@@ -42,18 +50,24 @@ class FeatureCollator:
 
 
 @torch.no_grad()
-def encode(backbone: nn.Module, dataset: Dataset, collator: Callable, batch_size: int = 256) -> Dataset:
-    """``dataset`` with its inputs replaced by the frozen backbone's pooled features, computed in eval
-    mode (no dropout) whatever mode the backbone was in; its mode is restored afterwards."""
+def encode(backbone: nn.Module, dataset: Dataset, collator: Callable, batch_size: int = 256,
+           precision: Choice | str | None = None) -> Dataset:
+    """``dataset`` with its inputs replaced by the frozen backbone's pooled features (float32), computed in
+    eval mode (no dropout) whatever mode the backbone was in, under the ``features`` phase's autocast
+    (``precision``: a resolved choice, or a setting; None = ``$HF_CLROUTE_PRECISION``, else ``auto``);
+    the backbone's mode is restored afterwards."""
     base = get_base_model(backbone)
     spec = get_backbone_spec(base)
+    choice = precision if isinstance(precision, Choice) else resolve_for(base, "features", batch_size, precision)
     was_training = base.training
     base.eval()
     chunks = []
     try:
         for batch in DataLoader(dataset, batch_size=batch_size, collate_fn=collator):
             inputs = model_inputs(batch)
-            chunks.append(pooled_features(spec, base(**inputs), inputs.get("attention_mask")))
+            with choice.autocast():
+                pooled = pooled_features(spec, base(**inputs), inputs.get("attention_mask"))
+            chunks.append(pooled.float())
     finally:
         base.train(was_training)
     features = torch.cat(chunks) if chunks else torch.zeros(0)
@@ -61,29 +75,38 @@ def encode(backbone: nn.Module, dataset: Dataset, collator: Callable, batch_size
 
 
 def cache_stream_features(
-    backbone: nn.Module, stream: list[Experience], collator: Callable
+    backbone: nn.Module, stream: list[Experience], collator: Callable, precision: str | None = None,
 ) -> tuple[list[Experience], float]:
     """(the stream with features for inputs, seconds spent encoding)."""
     started = time.perf_counter()
-    cached = [
-        replace(e, train=encode(backbone, e.train, collator), test=encode(backbone, e.test, collator),
-                validation=encode(backbone, e.validation, collator) if e.validation is not None else None)
-        for e in stream
-    ]
-    return cached, time.perf_counter() - started
+    choice = resolve_for(get_base_model(backbone), "features", 256, precision)
+    logger.info(choice.describe())
+
+    def cached(e: Experience) -> Experience:
+        info = {**e.info, "feature_precision": choice.to_dict()}
+        return replace(e, train=encode(backbone, e.train, collator, precision=choice),
+                       test=encode(backbone, e.test, collator, precision=choice), info=info,
+                       validation=encode(backbone, e.validation, collator, precision=choice)
+                       if e.validation is not None else None)
+
+    return [cached(e) for e in stream], time.perf_counter() - started
 
 
 def backbone_throughput(
     backbone: nn.Module, experience: Experience, collator: Callable, batch_size: int, steps: int = 20
 ) -> dict[str, float]:
     """Samples/s of the bare backbone: forward+backward at the training batch size, and
-    forward at the same batch size, after 3 warm-up batches. The reference for overheads."""
+    forward at the same batch size, after 3 warm-up batches, each under its phase's autocast
+    (``train``, ``eval``). The reference for overheads."""
     base = get_base_model(backbone)
     spec = get_backbone_spec(base)
     loader = DataLoader(experience.train, batch_size=batch_size, collate_fn=collator)
     batches = [b for _, b in zip(range(steps + 3), loader)]
     if len(batches) <= 3:
         return {}
+
+    # The same autocast as the trainer's phases, so the reference does the work the loop does.
+    choices = {train: resolve_for(base, "train" if train else "eval", batch_size) for train in (True, False)}
 
     def run(train: bool) -> float:
         base.train(train)
@@ -92,9 +115,10 @@ def backbone_throughput(
             inputs = model_inputs(batch)
             start = time.perf_counter()
             with torch.set_grad_enabled(train):
-                out = pooled_features(spec, base(**inputs), inputs.get("attention_mask"))
+                with choices[train].autocast():
+                    out = pooled_features(spec, base(**inputs), inputs.get("attention_mask"))
                 if train:
-                    out.pow(2).mean().backward()
+                    out.float().pow(2).mean().backward()
             if i >= 3:
                 elapsed += time.perf_counter() - start
                 seen += out.shape[0]

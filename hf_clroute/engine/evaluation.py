@@ -10,6 +10,10 @@ in memory overall): the same tensors, so the same scores, without reading,
 decoding and collating the split again at every evaluation. For a model whose
 classifier reads only the frozen backbone's features, the features themselves are
 kept (:func:`feature_batches`): later evaluations run the head alone.
+
+Both run under the autocast of their phase (``eval``, ``features``; :mod:`hf_clroute.precision`):
+kept features are stored as float32 whatever the autocast, so the head that reads them later sees
+what it would have seen in one pass.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from ..data.streams import Experience
 from ..heads import task_mask_logits
 from ..model import CLModel
 from ..outputs import model_inputs
+from ..precision import Choice, resolve_for
 from ..progress import progress_bar
 
 
@@ -63,6 +68,7 @@ def evaluate_experience(
     progress: bool = False,
     desc: str = "eval",
     features: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    precision: Choice | str | None = None,
 ) -> float:
     """Accuracy (fraction) on a classification test split, or perplexity for a causal LM.
 
@@ -70,7 +76,10 @@ def evaluate_experience(
     the screen when done).
     ``features``, a list, receives every batch's (classifier features as float32 on the CPU, labels),
     this process's batches in order: what a probe on the same split would compute again.
+    ``precision``: the ``eval`` phase's :class:`~hf_clroute.precision.Choice`, or a setting to resolve
+    for this model and the loader's batch size (None: ``$HF_CLROUTE_PRECISION``, else ``auto``).
     """
+    choice = phase_choice(model, "eval", precision, loader, accelerator.device)
     was_training = model.training
     model.eval()
     start = time.perf_counter()
@@ -82,11 +91,13 @@ def evaluate_experience(
     show = progress and accelerator.is_main_process
     for batch in progress_bar(loader, progress=show, total=batches, desc=desc, leave=False):
         if model.spec.modality == "lm":
-            nll, tokens = accelerator.gather_for_metrics(sequence_nll(model, batch))
+            with choice.autocast():
+                nll, tokens = accelerator.gather_for_metrics(sequence_nll(model, batch))
             score, total = score + nll.sum().item(), total + tokens.sum().item()
             samples += tokens.numel()
             continue
-        out = model(**model_inputs(batch))
+        with choice.autocast():
+            out = model(**model_inputs(batch))
         logits = out.logits
         if features is not None and out.features is not None:
             features.append((out.features.float().cpu(), batch["labels"].cpu()))
@@ -109,17 +120,32 @@ def evaluate_experience(
 
 
 @torch.no_grad()
-def feature_batches(model: CLModel, loader: Any) -> list[dict[str, torch.Tensor]]:
+def feature_batches(model: CLModel, loader: Any, precision: Choice | str | None = None) -> list[dict[str, torch.Tensor]]:
     """``loader``'s batches with their inputs replaced by the model's pooled backbone features
-    (``model.extract_features``, in eval mode): for a model that :meth:`~CLModel.reads_frozen_features`,
-    scoring these gives the scores of the inputs, without the backbone's forward pass."""
+    (``model.extract_features``, in eval mode, under the ``features`` phase's autocast, kept as float32):
+    for a model that :meth:`~CLModel.reads_frozen_features`, scoring these gives the scores of the
+    inputs, without the backbone's forward pass."""
+    choice = phase_choice(model, "features", precision, loader)
     was_training = model.training
     model.eval()
     try:
-        return [{"features": model.extract_features(model_inputs(batch)), "labels": batch["labels"]}
-                for batch in loader]
+        batches = []
+        for batch in loader:
+            with choice.autocast():
+                x = model.extract_features(model_inputs(batch))
+            batches.append({"features": x.float(), "labels": batch["labels"]})
+        return batches
     finally:
         model.train(was_training)
+
+
+def phase_choice(model: CLModel, phase: str, precision: Choice | str | None, loader: Any,
+                 device: torch.device | None = None) -> Choice:
+    """``precision`` if it is a :class:`Choice` already, else resolved for ``model`` at ``loader``'s batch size."""
+    if isinstance(precision, Choice):
+        return precision
+    batch_size = getattr(loader, "total_batch_size", None) or getattr(loader, "batch_size", None) or 0
+    return resolve_for(model, phase, batch_size, precision, device)
 
 
 class EvalCache:

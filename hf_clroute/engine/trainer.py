@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 import os
 import resource
 import time
@@ -35,16 +36,20 @@ from torch.utils.data import DataLoader
 
 from ..config import CLConfig
 from ..data.streams import Experience
+from ..errors import UserInputError
 from ..labels import align_stream, copy_labels
 from ..methods.base import StepContext
 from ..model import CLModel
 from ..outputs import CLModelOutput, model_inputs
+from ..precision import check_setting
 from ..progress import bars_enabled, log_line, progress_bar, task_line
+from ..threads import apply_default_threads
 from .adaptation import prepare_adaptation, reaccumulate_statistics
 from .callbacks import Callback
 from .checkpoint import find_checkpoint, read_state, save_checkpoint
 from .evaluation import EvalCache, EvalTimer, batch_bytes, evaluate_experience, feature_batches, test_loader
 from .loading import seed_worker, training_loader
+from .numerics import check_finite_state, check_step, describe, phase_choices
 from .prepared import grad_clipper, optimizer_to_step, release_prepared
 
 #: StreamResult fields a checkpoint carries, so a resumed run reports the whole stream.
@@ -71,6 +76,13 @@ class TrainingConfig:
                           "end (read off the boundary row, at no extra cost); when > 0 it replaces eval_every."},
     )
     max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping norm; 0 = off."})
+    precision: str | None = field(
+        default=None,
+        metadata={"help": "'auto', 'bf16' or 'fp32': bf16 autocast for training, feature extraction and "
+                          "evaluation ('auto': only where measured faster on this hardware, see "
+                          "hf_clroute.precision); None = $HF_CLROUTE_PRECISION, else 'auto'. Losses stay "
+                          "float32 and statistics float64 either way."},
+    )
     seed: int = field(default=0, metadata={"help": "Seed for weights, dropout and head growth."})
     checkpoint_dir: str | None = field(default=None, metadata={"help": "Where checkpoints go; None = no checkpoints."})
     checkpoint_every: int = field(default=0, metadata={"help": "Also checkpoint every N steps (0 = task ends only)."})
@@ -108,6 +120,11 @@ class TrainingConfig:
     )
 
     def __post_init__(self) -> None:
+        for name in ("learning_rate", "weight_decay", "max_grad_norm"):
+            if not math.isfinite(getattr(self, name)):
+                raise UserInputError(f"TrainingConfig.{name} must be a finite number, got {getattr(self, name)!r}")
+        if self.precision is not None:
+            check_setting(self.precision, "TrainingConfig.precision")
         for name in ("learning_rate", "batch_size", "eval_batch_size", "epochs"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"TrainingConfig.{name} must be positive, got {getattr(self, name)!r}")
@@ -230,8 +247,11 @@ class ContinualTrainer:
         # class name: known classes keep their head ids, new ones come after them.
         stream = align_stream(stream, model.config)
         self.model, self.stream, self.config, self.collator = model, stream, config, collator
+        self.threads = apply_default_threads()  # before the accelerator: its process count is known by now
         self.accelerator = accelerator or make_accelerator(config)
         self._clip = grad_clipper(self.accelerator)
+        self.precision = phase_choices(model, config, self.accelerator)
+        self._task_id = 0
         self.callbacks = list(callbacks)
         self.run_info = {"method": model.config.method, "seed": config.seed,
                          "adapter_config": model.config.to_dict(), **(run_info or {})}
@@ -251,6 +271,10 @@ class ContinualTrainer:
         if cfg.log_with:
             accelerator.init_trackers("hf_clroute", config={"training": asdict(cfg), "method": self.model.config.to_dict()})
         start_task = self._resume(resume_from) if resume_from else 0
+        self.result.records["precision"] = {phase: choice.to_dict() for phase, choice in self.precision.items()}
+        self.result.records["threads"] = dict(self.threads)
+        if cfg.progress and accelerator.is_main_process:
+            log_line(describe(self.precision, self.threads))
         if not self.result.untrained_accuracy:  # b_j: the model before any training, adaptation included
             self.result.untrained_accuracy = self._untrained_accuracy()
         prepare_adaptation(self)  # first-session adaptation, when configured (engine/adaptation.py)
@@ -306,6 +330,7 @@ class ContinualTrainer:
     def _train_experience(self, task_id: int) -> bool:
         accelerator, cfg, model = self.accelerator, self.config, self.model
         experience = self.stream[task_id]
+        self._task_id = task_id
         task_started = time.perf_counter()
         resuming_mid_task = self._step_in_task > 0
         self._test_features.clear()  # the model is about to train: the kept test features go stale
@@ -369,6 +394,7 @@ class ContinualTrainer:
         if trainable and not model.trainable_parameters():  # the adapter froze: statistics under it alone
             reaccumulate_statistics(self, task_id)
         self.result.accuracy_matrix.append(self.evaluate_row(task_id))
+        check_finite_state(model, f"training stopped after task {task_id}")  # statistics are synced by now
         if cfg.evals_per_task:  # the task's last anytime point is its boundary row over the seen tasks
             seen = self.result.accuracy_matrix[-1][: task_id + 1]
             self.result.anytime.append([self.result.global_step, sum(seen) / len(seen)])
@@ -388,16 +414,25 @@ class ContinualTrainer:
         return True
 
     def _step(self, train_model, optimizer, trainable, batch) -> CLModelOutput:
-        """One model call and, when there is something to train, one optimiser step."""
+        """One model call and, when there is something to train, one optimiser step.
+
+        The forward runs under the training phase's autocast (a no-op in fp32); the loss is taken
+        in float32 for the backward. Before the step, one check (one device sync) stops the run when
+        the loss, the clipped gradients' norm or a learning rate is not finite: a step with them
+        would write NaN or inf into every trained parameter.
+        """
         if optimizer is None:  # statistics only: no loss to compute
-            with torch.no_grad():
+            with torch.no_grad(), self.precision["train"].autocast():
                 return train_model(**model_inputs(batch))
         if not self.model.training:  # an anytime evaluation or a hook put the model in eval mode
             train_model.train()
-        out = train_model(**batch)
-        self.accelerator.backward(out.loss)
-        if self.config.max_grad_norm:
-            self._clip(trainable, self.config.max_grad_norm)
+        with self.precision["train"].autocast():
+            out = train_model(**batch)
+        loss = out.loss.float()
+        self.accelerator.backward(loss)
+        norm = self._clip(trainable, self.config.max_grad_norm) if self.config.max_grad_norm else None
+        check_step(loss, norm, optimizer, f"training stopped at task {self._task_id} step {self._step_in_task + 1} "
+                                          f"(global step {self.result.global_step + 1}, method {self.model.config.method!r})")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return out
@@ -442,7 +477,7 @@ class ContinualTrainer:
         loader = self._frozen_test_batches(task_id) or self._test_loaders[task_id]
         kept = [] if keep and self.accelerator.num_processes == 1 and self.model.spec.modality != "lm" else None
         score = evaluate_experience(self.model, loader, self.accelerator, task_classes=classes,
-                                    timer=self.timer, progress=self.config.progress,
+                                    timer=self.timer, progress=self.config.progress, precision=self.precision["eval"],
                                     desc=f"eval task {task_id} ({self.stream[task_id].name})", features=kept)
         if kept:
             self._test_features[task_id] = (torch.cat([x for x, _ in kept]), torch.cat([y for _, y in kept]))
@@ -459,7 +494,7 @@ class ContinualTrainer:
                 or "features" in getattr(test, "column_names", ()) or not self.model.reads_frozen_features()):
             return None
         started = time.perf_counter()
-        batches = feature_batches(self.model, self._test_loaders[task_id])
+        batches = feature_batches(self.model, self._test_loaders[task_id], precision=self.precision["features"])
         self.timer.seconds += time.perf_counter() - started  # evaluation time, though paid once
         if not self._eval_cache.take(batch_bytes(batches)):
             return None
@@ -508,6 +543,7 @@ class ContinualTrainer:
         # Pending statistics (a statistics head's sums not yet reduced) must be in the saved tensors.
         task = next_task if context_task is None else context_task
         self.model.before_evaluation(self.context(task))
+        check_finite_state(self.model, f"checkpoint at global step {self.result.global_step} refused")
         state = {"next_task": next_task, "step_in_task": self._step_in_task, "run": self.run_info,
                  **{k: getattr(self.result, k) for k in RESUMABLE_FIELDS},
                  "eval_samples": self.timer.samples, "eval_seconds": self.timer.seconds}
