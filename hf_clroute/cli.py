@@ -1,13 +1,23 @@
-"""The `hf-clroute` command line."""
+"""The `hf-clroute` command line.
+
+A problem the user can fix (a bad suite or config field, a missing file or checkpoint, a
+changed suite on resume, a Hub or disk failure such as a full disk) is one line,
+``hf-clroute: error: ...``, and exit code 2, without a traceback; ``--debug`` shows it.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import errno
+import os
 import sys
 from pathlib import Path
 
-from .io import HubPushError  # stdlib-only module: keeps `hf-clroute --help` fast
+from .errors import UserInputError  # stdlib-only modules: keep `hf-clroute --help` fast
+from .io import HubPushError
 
+PRECISIONS = ("auto", "bf16", "fp32")
 
 
 def _csv(kind):
@@ -39,10 +49,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     kind = suite_kind(args.suite)
     runner = runner_module(kind)
+    overrides = precision_overrides(args.precision)
+    if args.show_settings:
+        return show_bench_settings(args, kind, overrides)
     if kind == "classification":
         runner.run(args.suite, methods=args.methods, seeds=args.seeds, quick=args.quick, out=out,
                    progress=not args.no_progress, command=command, merge=args.merge, selection=args.selection,
-                   from_adapter=args.from_adapter)
+                   from_adapter=args.from_adapter, overrides=overrides)
     elif args.from_adapter:
         raise ValueError(f"--from-adapter continues a classification adapter; suite {args.suite!r} has runner {kind!r}")
     else:  # language-model domains, plasticity: their own rows, written the same way
@@ -52,11 +65,59 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def precision_overrides(precision: str | None) -> dict[str, str]:
+    """``--precision`` as a training value (the command line's layer, above the suite's) when the
+    engine's ``TrainingConfig`` has the field, else through the environment variable it reads."""
+    if precision is None:
+        return {}
+    from .engine import TrainingConfig
+
+    if "precision" in {f.name for f in dataclasses.fields(TrainingConfig)}:
+        return {"precision": precision}
+    os.environ["HF_CLROUTE_PRECISION"] = precision
+    return {}
+
+
+def show_bench_settings(args: argparse.Namespace, kind: str, overrides: dict) -> int:
+    """``--show-settings``: each method's resolved settings and where each value came from; runs nothing."""
+    from .bench.settings import describe_settings, load_selection, resolve_run
+    from .bench.suites import SuiteConfig
+
+    if kind != "classification":
+        raise UserInputError(f"--show-settings resolves classification suites; {args.suite!r} has runner {kind!r} "
+                             "(its training block is used as written)")
+    suite = SuiteConfig.load(args.suite, quick=args.quick)
+    picks = load_selection(args.selection, suite) if args.selection else {}
+    for method in args.methods or suite.method_names():
+        settings = resolve_run(suite, method, args.seeds[0], overrides, selected=picks.get(method, {}).get("pick"),
+                               overrides_source="command line")
+        print(describe_settings(settings))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """One method over one suite, checkpointed and resumable (``hf_clroute.bench.training_run``)."""
+    from .bench.training_run import load_run_config, train
+
+    config = load_run_config(args.config, suite=args.suite, method=args.method, seed=args.seed,
+                             quick=True if args.quick else None, output_dir=args.output_dir,
+                             from_adapter=args.from_adapter)
+    flags = {"checkpoint_every": args.checkpoint_every, "stop_after_steps": args.stop_after_steps,
+             "progress": False if args.no_progress else None}
+    flags = {**{k: v for k, v in flags.items() if v is not None}, **precision_overrides(args.precision)}
+    resume = "resume-or-start" if args.resume_or_start else "resume" if args.resume else None
+    train(config, resume=resume, flags=flags, show_settings=args.show_settings)
+    return 0
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from .bench.suites import SuiteConfig
     from .bench.tune import tune
 
     suite = SuiteConfig.load(args.suite, quick=args.quick)
+    precision = precision_overrides(args.precision)
+    if precision:  # tune trains through the suite's training block: the flag goes there
+        suite = dataclasses.replace(suite, training={**suite.training, **precision})
     methods = args.methods or suite.method_names()
     command = (f"hf-clroute tune --suite {args.suite} --methods {','.join(methods)} --seed {args.seed}"
                f"{' --quick' if args.quick else ''} --out {args.out}")
@@ -96,7 +157,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     # Every option of `bench`, set: the demo is that command with fixed arguments.
     bench_args = {"suite": "split-mnist", "quick": True, "methods": ["finetune", "ncm"], "seeds": [0],
-                  "merge": False, "selection": None, "from_adapter": None}
+                  "merge": False, "selection": None, "from_adapter": None, "show_settings": False, "precision": None}
     return cmd_bench(argparse.Namespace(**{**vars(args), **bench_args}))
 
 
@@ -146,6 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="hf-clroute", description=__doc__)
     parser.add_argument("--version", action="version", version=f"hf-clroute {__version__}")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an error instead of its one-line message (also accepted "
+                             "after the command)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="build or list the offline data sources")
@@ -170,7 +234,35 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue training this adapter (a directory or Hub repo id) on the suite's stream instead "
                             "of a fresh one: classes it knows keep their ids, new ones are added after them (the head "
                             "grows), its card lists both; --methods defaults to the adapter's method")
+    add_settings_options(bench)
     bench.set_defaults(func=cmd_bench)
+
+    train = sub.add_parser("train", help="train one method over a suite's stream: checkpointed, resumable, "
+                                         "launchable with `accelerate launch -m hf_clroute.cli train`")
+    train.add_argument("--config", default=None,
+                       help="run config JSON ({suite, method, seed, quick, training, output_dir, from_adapter}); "
+                            "the flags below replace its fields")
+    train.add_argument("--suite", default=None, help="built-in suite name or a suite JSON file")
+    train.add_argument("--method", default=None, help="the method (or variant) to train: `hf-clroute methods`")
+    train.add_argument("--seed", type=int, default=None, help="stream and run seed (default 0)")
+    train.add_argument("--quick", action="store_true", help="the suite's reduced version")
+    train.add_argument("--output-dir", default=None,
+                       help="where the run goes: checkpoints/, adapter/ (when finished) and result.json")
+    train.add_argument("--from-adapter", default=None, metavar="DIR_OR_REPO_ID",
+                       help="continue this adapter on the suite's stream instead of a fresh one")
+    resume = train.add_mutually_exclusive_group()
+    resume.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint in <output-dir>/checkpoints; refused when there is "
+                             "none, or when it was written for another suite or other settings")
+    resume.add_argument("--resume-or-start", action="store_true",
+                        help="continue from the latest checkpoint when there is one, else start fresh")
+    train.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
+                       help="also checkpoint every N global steps (checkpoints are always written at task ends)")
+    train.add_argument("--stop-after-steps", type=int, default=None, metavar="N",
+                       help="stop (resumably) after N global steps, e.g. for time-limited jobs")
+    train.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_settings_options(train)
+    train.set_defaults(func=cmd_train)
 
     tune = sub.add_parser("tune", help="choose each method's hyper-parameters on the suite's validation split")
     tune.add_argument("--suite", required=True, help="built-in suite name or a suite JSON file (with validation_per_class)")
@@ -179,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--quick", action="store_true", help="the suite's reduced version")
     tune.add_argument("--out", required=True, help="directory for selection.json (added to if it exists)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bars")
+    tune.add_argument("--precision", choices=PRECISIONS, default=None,
+                      help="bf16 autocast or fp32 (auto: bf16 only where measured faster; hf_clroute.precision)")
     tune.set_defaults(func=cmd_tune)
 
     merge = sub.add_parser("merge", help="combine bench runs of one suite (e.g. seeds run in parallel) into one")
@@ -218,19 +312,58 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def add_settings_options(parser: argparse.ArgumentParser) -> None:
+    """The options that decide or show a run's settings (bench, train)."""
+    parser.add_argument("--show-settings", action="store_true",
+                        help="print every resolved setting and where it came from (default, method settings file, "
+                             "suite, run config, command line, run seed), then stop without training")
+    parser.add_argument("--precision", choices=PRECISIONS, default=None,
+                        help="bf16 autocast or fp32 (auto: bf16 only where measured faster; hf_clroute.precision); "
+                             "wins over a suite's training.precision")
+
+
+def error_line(err: BaseException) -> str:
+    """One line naming the problem: an OSError with its file, and what a full disk means."""
+    if isinstance(err, OSError) and not isinstance(err, FileNotFoundError) and err.errno is not None:
+        where = f": {err.filename}" if err.filename else ""
+        text = f"{err.strerror or err}{where}"
+        if err.errno == errno.ENOSPC:
+            text += " (the disk is full: free space or write elsewhere; finished files and checkpoints are kept)"
+    else:
+        text = str(err) or type(err).__name__
+    return " ".join(text.split())  # one line, whatever the message held
+
+
+def apply_thread_default() -> None:
+    """torch's intra-op threads: this process's share of the cores (``hf_clroute.threads``), set once."""
+    try:
+        from .threads import apply_default_threads
+    except ImportError:  # a build without it: torch's own default
+        return
+    apply_default_threads()
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # accepted anywhere, so it can be added to any command line
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
     from .progress import quiet_library_bars
 
     quiet_library_bars()  # to a file or pipe: no bars from transformers/datasets either
     try:
+        if args.command not in ("methods", "report", "data"):
+            apply_thread_default()
         return args.func(args)
-    except (ValueError, FileNotFoundError) as err:  # configuration/data errors: one clear line, no traceback
-        print(f"hf-clroute: error: {err}", file=sys.stderr)
-        return 2
     except HubPushError as err:
-        print(f"hf-clroute: error: {err}", file=sys.stderr)
+        if debug:
+            raise
+        print(f"hf-clroute: error: {error_line(err)}", file=sys.stderr)
         return 3
+    except (UserInputError, ValueError, OSError) as err:  # user-fixable: one clear line, no traceback
+        if debug:
+            raise
+        print(f"hf-clroute: error: {error_line(err)}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

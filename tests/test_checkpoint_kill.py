@@ -15,6 +15,7 @@ from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
 from hf_clroute.baselines import FinetuneConfig
 from hf_clroute.data import class_incremental, load_source
 from hf_clroute.engine import checkpoint, make_accelerator
+from hf_clroute.errors import ResumeError
 from hf_clroute.model import CLModel
 
 # 40 training examples per task, batch 8: 5 steps a task. A checkpoint every 5 steps falls on each
@@ -116,9 +117,9 @@ def test_a_dangling_or_incomplete_latest_falls_back_to_the_newest_complete_check
     assert "there is no 'latest' file; resuming from ckpt-00000003" in caplog.text
 
     shutil.rmtree(root / "ckpt-00000003")
-    with pytest.raises(FileNotFoundError, match=r"no complete checkpoint under .*ckpt-00000005"):
+    with pytest.raises(ResumeError, match=r"no complete checkpoint under .*ckpt-00000005"):
         checkpoint.find_checkpoint(root)
-    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+    with pytest.raises(ResumeError, match="no checkpoint at"):
         checkpoint.find_checkpoint(tmp_path / "nothing")
 
 

@@ -34,9 +34,13 @@ def test_precedence_defaults_suite_method_file_per_suite_overrides_seed(tmp_path
     assert config.buffer_size == 77 and settings.sources["config.buffer_size"] == "suite mine method_settings.qoa"
     assert training.seed == config.seed == config.head_init_seed == 4
     assert settings.sources["config.seed"] == "run seed"
-    # A method file's training block wins over the suite's (er.json sets its own rate).
+    # The suite's own training block wins over a method file's (er.json sets its own rate): what the
+    # suite's author wrote is never replaced silently; a built-in suite leaves the rate to the method file.
     er = resolve_run(suite, "er", 0)
-    assert er.training.learning_rate == 1e-4 and er.sources["training.learning_rate"] == "configs/methods/er.json"
+    assert er.training.learning_rate == 0.5 and er.sources["training.learning_rate"] == "suite training"
+    builtin = resolve_run(SuiteConfig.load("split-mnist"), "er", 0)
+    assert builtin.training.learning_rate == 1e-4
+    assert builtin.sources["training.learning_rate"] == "configs/methods/er.json"
 
 
 def test_a_renamed_copy_of_a_builtin_suite_gets_its_method_settings(tmp_path):

@@ -19,6 +19,7 @@ from accelerate import Accelerator
 
 from ..data.collate import decode_stream_if_small
 from ..engine import ContinualTrainer, StreamResult, make_accelerator
+from ..engine.checkpoint import check_resume, run_fingerprint
 from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_features
 from ..metrics import aggregate_runs, mean_std, summarize
 from ..io import atomic_write_text
@@ -29,7 +30,7 @@ from .probes import PROBE_NAME, ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
 from .results import write_run
 from .settings import RunSettings, load_selection, resolve_run
-from .suites import SuiteConfig, build_stream, drop_methods, load_suite_backbone, same_suite_config
+from .suites import NOT_MEASURED, SuiteConfig, build_stream, drop_methods, load_suite_backbone, same_suite_config
 
 METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
 PROBE_KEYS = ("deep_forgetting", "probe_A_T", "snr_final")
@@ -47,6 +48,7 @@ def run_method(
     config_overrides: dict[str, Any] | None = None,
     selected: dict[str, Any] | None = None,
     from_adapter: str | None = None,
+    overrides_source: str = "overrides",
     **training_overrides: Any,
 ) -> tuple[StreamResult, Any, RunSettings]:
     """Train one method over the suite's stream for one seed; returns (result, model, settings).
@@ -57,8 +59,14 @@ def run_method(
 
     ``stream``/``collator`` override the suite's (the bench passes cached features);
     ``selected`` are the hyper-parameters ``hf-clroute tune`` chose on validation.
+    ``overrides_source`` names where ``training_overrides`` came from, for messages and records.
+    ``resume_from``: a checkpoint (root) of this very run; one written for another suite or
+    other settings is refused before anything is loaded (``checkpoint.check_resume``).
     """
-    settings = resolve_run(suite, method, seed, training_overrides, config_overrides, selected)
+    settings = resolve_run(suite, method, seed, training_overrides, config_overrides, selected, overrides_source)
+    fingerprint = run_fingerprint(measured_suite(suite), dataclasses.asdict(settings.training))
+    if resume_from:
+        check_resume(resume_from, fingerprint)
     backbone, suite_collator = load_suite_backbone(suite)
     stream = stream if stream is not None else decode_stream_if_small(build_stream(suite, seed), suite_collator)
     config = settings.adapter_config
@@ -76,9 +84,14 @@ def run_method(
         callbacks.append(RoutingHealthRecorder())
     trainer = ContinualTrainer(
         model, stream, training, collator or suite_collator, accelerator or make_accelerator(training),
-        callbacks=callbacks, run_info={"suite": suite.name, "run_method": method},
+        callbacks=callbacks, run_info={"suite": suite.name, "run_method": method, "fingerprint": fingerprint},
     )
     return trainer.fit(resume_from=resume_from), model, settings
+
+
+def measured_suite(suite: SuiteConfig) -> dict[str, Any]:
+    """The suite's fields that decide what a run measures (what results.json and checkpoints record)."""
+    return {k: v for k, v in dataclasses.asdict(suite).items() if k not in ("quick", *NOT_MEASURED)}
 
 
 def load_adapter_to_continue(backbone: Any, from_adapter: str, suite: SuiteConfig) -> Any:
@@ -156,10 +169,12 @@ def run_bench(
     merge: bool = False,
     selection: dict[str, Any] | None = None,
     from_adapter: str | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> dict:
     """Every method over the suite's stream for every seed; ``selection`` (from ``hf-clroute tune``)
     gives each method's hyper-parameters chosen on validation, recorded with the results.
-    ``from_adapter``: continue that adapter (one method) instead of training fresh ones."""
+    ``from_adapter``: continue that adapter (one method) instead of training fresh ones.
+    ``overrides``: training values from the command line (e.g. ``precision``), above every other layer."""
     selection = selection or {}
     out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in methods}
@@ -190,6 +205,8 @@ def run_bench(
                 progress=progress,
                 selected=selection.get(method, {}).get("pick"),
                 from_adapter=from_adapter,
+                overrides_source="command line",
+                **(overrides or {}),
             )
             row = summarize_result(result, suite.scenario)
             row["wall_s"] = time.perf_counter() - started + (cache_s if use_cache else 0.0)
@@ -267,17 +284,20 @@ def with_verdicts(results: dict) -> dict:
 
 def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick: bool, out: str | Path,
         progress: bool = True, command: str | None = None, merge: bool = False,
-        selection: str | Path | None = None, from_adapter: str | None = None) -> dict:
+        selection: str | Path | None = None, from_adapter: str | None = None,
+        overrides: dict[str, Any] | None = None) -> dict:
     """The runner entry point (``hf-clroute bench``): a classification suite by name or path;
     ``selection``: a ``selection.json`` written by ``hf-clroute tune`` for this suite;
-    ``from_adapter``: an adapter (directory or Hub repo id) to continue on the suite's stream."""
+    ``from_adapter``: an adapter (directory or Hub repo id) to continue on the suite's stream;
+    ``overrides``: the command line's training values."""
     suite = SuiteConfig.load(name_or_path, quick=quick)
     methods = adapter_method(from_adapter, methods) if from_adapter else list(methods or suite.method_names())
     picks = load_selection(selection, suite) if selection else {}
     for method in methods:  # every name resolves (and every settings file parses) before --out is created
-        resolve_run(suite, method, seeds[0], selected=picks.get(method, {}).get("pick"))
+        resolve_run(suite, method, seeds[0], overrides, selected=picks.get(method, {}).get("pick"),
+                    overrides_source="command line")
     return run_bench(suite, methods, seeds, Path(out), progress=progress, command=command, merge=merge,
-                     selection=picks, from_adapter=from_adapter)
+                     selection=picks, from_adapter=from_adapter, overrides=overrides)
 
 
 def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
+from ..errors import UserInputError
 from ..metrics import SCENARIOS
-from .settings import CONFIG_ROOT
+from .settings import CONFIG_ROOT, check_training_block, suite_source
 
 
 @dataclass
@@ -81,12 +84,25 @@ class SuiteConfig:
         default_factory=list,
         metadata={"help": "The suites this one is based on, nearest first (set from the file's 'base' chain)."},
     )
+    allow_fewer_per_class: bool = field(
+        default=False,
+        metadata={"help": "When a class has fewer examples than train_per_class / test_per_class asks for: keep what "
+                          "there is (true) instead of refusing the suite, which names the classes and their counts."},
+    )
+
+    #: the file the suite was read from (set by ``load``; None for a suite built in code), for messages
+    source_file: ClassVar[str | None] = None
 
     def __post_init__(self) -> None:
+        check_field_types(type(self), dataclasses.asdict(self), f"suite {self.name!r}")
         if self.scenario not in SCENARIOS:
             raise ValueError(f"SuiteConfig.scenario must be one of {SCENARIOS}, got {self.scenario!r}")
         if self.n_tasks <= 0:
             raise ValueError(f"SuiteConfig.n_tasks must be positive, got {self.n_tasks}")
+        for name in ("train_per_class", "test_per_class"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"suite {self.name!r}: SuiteConfig.{name} must be an integer >= 1 or null (all), "
+                                 f"got {getattr(self, name)!r}")
         known = {f.name for f in dataclasses.fields(self)}
         bad = sorted(set(self.quick) - known)
         if bad:
@@ -109,7 +125,9 @@ class SuiteConfig:
         return load_suite(cls, name_or_path, quick)
 
     def quick_version(self) -> "SuiteConfig":
-        return dataclasses.replace(self, **{**deep_merge(dataclasses.asdict(self), self.quick), "quick": {}})
+        quick = dataclasses.replace(self, **{**deep_merge(dataclasses.asdict(self), self.quick), "quick": {}})
+        quick.source_file = self.source_file
+        return quick
 
     def method_names(self) -> list[str]:
         return list(self.methods)
@@ -128,15 +146,80 @@ def load_suite(cls: type, name_or_path: str, quick: bool = False) -> Any:
     """Any runner's suite dataclass ``cls`` from a suite file; with ``quick``, the file's ``quick``
     block merged in key by key first (the one place ``--quick`` is applied)."""
     path, data, bases = read_suite_lineage(name_or_path)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known) + sorted(f"quick.{k}" for k in set(data.get("quick", {})) - known)
+    suite = suite_from_dict(cls, data, f"suite file {path}", quick=quick, bases=bases)
+    suite.source_file = str(path)
+    return suite
+
+
+def suite_from_dict(cls: type, data: Any, where: str, quick: bool = False, bases: list[str] | None = None) -> Any:
+    """``cls`` from a suite's fields (a file's, or inline in a run config), every field's type checked
+    first: an error names ``where`` and the field, never a TypeError from deep inside a run."""
+    if not isinstance(data, dict):
+        raise UserInputError(f"{where} must hold a JSON object of suite fields, not a {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if isinstance(data.get("quick"), dict):
+        unknown += sorted(f"quick.{k}" for k in set(data["quick"]) - set(fields))
     if unknown:
-        raise ValueError(f"suite file {path} has unknown field(s) {unknown}; known: {sorted(known)}")
+        raise UserInputError(f"{where} has unknown field(s) {unknown}; known: {sorted(fields)}")
+    required = [n for n, f in fields.items() if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING]
+    missing = [n for n in required if n not in data]
+    if missing:
+        raise UserInputError(f"{where} is missing required field(s) {missing} (e.g. \"dataset\": a source name, "
+                             "a local path or a Hub dataset id)")
+    check_field_types(cls, data, where)
+    if isinstance(data.get("quick"), dict):
+        check_field_types(cls, data["quick"], where, prefix="quick.")
     if quick:
         data = {**deep_merge(data, data.get("quick", {})), "quick": {}}
-    if "bases" in known:
+    if "bases" in fields and bases is not None:
         data["bases"] = bases
-    return cls(**data)
+    try:
+        return cls(**data)
+    except (TypeError, ValueError) as err:
+        raise UserInputError(f"{where}: {err}") from err
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    """Whether a JSON value fits a field's annotation (int is not bool, a float field takes an int)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, arg) for arg in typing.get_args(hint))
+    if hint is Any:
+        return True
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    base = origin or hint
+    return isinstance(value, base) if isinstance(base, type) else True
+
+
+def _type_name(hint: Any) -> str:
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in args)
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list",
+             dict: "an object"}
+    return names.get(typing.get_origin(hint) or hint, str(hint))
+
+
+def check_field_types(cls: type, data: dict[str, Any], where: str, prefix: str = "") -> None:
+    """Refuse a suite field whose value has the wrong JSON type (``"n_tasks": "five"``); a ``training``
+    block's values are checked against ``TrainingConfig`` (``hf_clroute.bench.settings``)."""
+    hints = typing.get_type_hints(cls)
+    for name, value in data.items():
+        if name in hints and name != "quick" and not _type_ok(value, hints[name]):
+            raise UserInputError(f"{where}: field {prefix}{name} must be {_type_name(hints[name])}, got {value!r}")
+    if "training" in data and "training" in hints:
+        check_training_block(data["training"], f"{where} ({prefix}training)" if prefix else where)
 
 
 def read_suite_file(name_or_path: str) -> tuple[Path, dict[str, Any]]:
@@ -156,16 +239,27 @@ def read_suite_lineage(name_or_path: str, _chain: tuple[str, ...] = ()) -> tuple
     if not path.is_file():
         path = CONFIG_ROOT / "suites" / f"{name_or_path}.json"
     if not path.is_file():
-        raise ValueError(f"unknown suite {name_or_path!r}; built-in suites: {builtin_suites()}")
+        raise UserInputError(f"unknown suite {name_or_path!r} (no such file, and not a built-in suite: "
+                             f"{builtin_suites()})")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"suite file {path} is not valid JSON: {err}") from err
+        raise UserInputError(f"suite file {path} is not valid JSON: {err}") from err
+    except UnicodeDecodeError as err:
+        raise UserInputError(f"suite file {path} is not a text (JSON) file: {err}") from err
+    if not isinstance(data, dict):
+        raise UserInputError(f"suite file {path} must hold a JSON object of suite fields ({{\"name\": ..., "
+                             f"\"dataset\": ..., ...}}), not a {type(data).__name__}")
+    for block, where in ((data.get("training"), ""), ((data.get("quick") or {}).get("training"), " (quick.training)")):
+        if block is not None and isinstance(data.get("quick", {}), dict):
+            check_training_block(block, f"suite file {path}{where}")
     base = data.pop("base", None)
     if base is None:
         return path, data, []
+    if not isinstance(base, str):
+        raise UserInputError(f"suite file {path}: field base must be a suite name or file, got {base!r}")
     if base in _chain:
-        raise ValueError(f"suite file {path}: 'base' chain loops back to {base!r}")
+        raise UserInputError(f"suite file {path}: 'base' chain loops back to {base!r}")
     base_path, inherited, bases = read_suite_lineage(base, _chain + (base,))
     return path, deep_merge(inherited, data), [inherited.get("name", base_path.stem), *bases]
 
@@ -255,9 +349,37 @@ def build_stream(suite: SuiteConfig, seed: int) -> list:
         test_per_class=suite.test_per_class,
         validation_per_class=suite.validation_per_class,
     )
+    check_class_counts(suite, stream)
     for experience in stream:  # what an adapter's training history calls this stream
         experience.info["stream"] = f"{suite.name} (seed {seed})"
     return stream
+
+
+def check_class_counts(suite: SuiteConfig, stream: list) -> None:
+    """Refuse a stream where a class has fewer train/test examples than the suite asks for (the
+    subsample would silently keep what there is), naming each short class and its count, unless
+    the suite sets ``allow_fewer_per_class``."""
+    from ..data.loading import column_array
+
+    if suite.allow_fewer_per_class:
+        return
+    for split, wanted in (("train", suite.train_per_class), ("test", suite.test_per_class)):
+        if wanted is None:
+            continue
+        counts: dict[str, int] = {}
+        for experience in stream:
+            data = getattr(experience, split)
+            labels = column_array(data)
+            names = getattr(data.features.get("label"), "names", None)
+            for c in experience.classes:
+                counts[names[c] if names and c < len(names) else str(c)] = int((labels == c).sum())
+        short = {name: n for name, n in counts.items() if n < wanted}
+        if short:
+            listed = ", ".join(f"{name}: {n}" for name, n in sorted(short.items(), key=lambda kv: (kv[1], kv[0])))
+            raise UserInputError(
+                f"{suite_source(suite)}: {split}_per_class is {wanted}, but {len(short)} of {len(counts)} classes of "
+                f"dataset {suite.dataset!r} have fewer {split} examples (class: count) {listed}; lower "
+                f"{split}_per_class, or set \"allow_fewer_per_class\": true to keep what there is")
 
 
 def resolve_dataset_path(dataset: str) -> str:

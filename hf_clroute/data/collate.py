@@ -233,7 +233,7 @@ def decode_images(dataset: Any, collator: ImageCollator, *, chunk_size: int = 40
     chunks = []
     for start in range(0, len(raw), chunk_size):
         part = raw[start:start + chunk_size]
-        pixels = np.stack([collator.pil_array(feature.decode_example(v)) for v in part]).astype(np.uint8)
+        pixels = np.stack([_decoded(dataset, start + i, collator, feature, v) for i, v in enumerate(part)])
         chunks.append(pa.ExtensionArray.from_storage(schema.field(column).type, _nested_lists(pixels)))
     rest = [name for name in dataset.column_names if name != column]
     # One chunk per column: rows picked out of order (a shuffled stream) arrive in one chunk per row,
@@ -250,6 +250,23 @@ def decode_images(dataset: Any, collator: ImageCollator, *, chunk_size: int = 40
         return decoded.with_format("numpy")
     return decoded.with_format(fmt["type"], columns=fmt["columns"], output_all_columns=fmt["output_all_columns"],
                                **fmt["format_kwargs"])
+
+
+def _decoded(dataset: Any, row: int, collator: ImageCollator, feature: Any, value: Any) -> np.ndarray:
+    """One image as ``collator`` holds it; an image PIL cannot read is an error naming the dataset, the
+    split and the row (the row of the dataset as stored, also when ``dataset`` is a selection of it)."""
+    from ..errors import UserInputError
+
+    try:
+        return collator.pil_array(feature.decode_example(value)).astype(np.uint8)
+    except (OSError, ValueError, SyntaxError) as err:  # PIL's errors for a truncated or non-image file
+        indices = getattr(dataset, "_indices", None)  # a select()ed dataset: the row it came from
+        stored = indices.column(0)[row].as_py() if indices is not None else row
+        name = dataset.info.dataset_name or "the dataset"
+        detail = "not an image file PIL can identify" if "<_io." in str(err) else str(err)  # no object reprs
+        raise UserInputError(f"dataset {name!r}, split {str(dataset.split or '?')!r}, row {stored}: column "
+                             f"{collator.image_column!r} holds an image that cannot be decoded "
+                             f"({type(err).__name__}: {detail})") from err
 
 
 def _nested_lists(pixels: np.ndarray) -> pa.Array:

@@ -17,10 +17,25 @@ No kill at any moment loses the last complete checkpoint:
 ``find_checkpoint`` on a root whose ``latest`` names nothing complete (a run killed
 by an older version of this code, a directory removed by hand) resumes from the
 newest complete checkpoint and says which.
+
+A commit is durable: every file of the new checkpoint and its directory are fsynced
+before the rename, and the root directory after it and after ``latest`` moves, so a
+power cut cannot leave ``latest`` naming a directory whose files never reached the disk.
+
+Every process writes its own RNG state into the checkpoint directory the main process
+then commits, so the checkpoint directory must be one filesystem every machine shares
+(NFS, Lustre, a cloud filesystem): on a multi-node run without one, a rank's state would
+land on its own disk, and ``save_checkpoint`` refuses to commit a checkpoint missing a rank.
+
+A resumed run must be the run that wrote the checkpoint: :func:`check_resume` compares the
+suite and the settings recorded in it (``run_fingerprint``) before anything is loaded or
+written, and refuses a changed one with a :class:`~hf_clroute.errors.ResumeError` naming
+the field.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -29,6 +44,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ResumeError, UserInputError
 from ..io import atomic_write_text
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +68,22 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path)
 
 
+def _fsync(path: Path) -> None:
+    """Flush a file or a directory (its entries: a rename, a new file) to the disk."""
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Every file under ``root``, then every directory, deepest first, then ``root`` itself."""
+    paths = sorted(root.rglob("*"), key=lambda p: (p.is_dir(), -len(p.parts)))
+    for path in paths + [root]:
+        _fsync(path)
+
+
 def checkpoint_key(path: Path) -> tuple[int, int] | None:
     """(step, revision) of a ``ckpt-<step>[.<revision>]`` name, the order checkpoints were written in;
     None for any other name."""
@@ -65,10 +97,14 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=checkpoint_key)
 
 
+#: an adapter directory's config file: ours, or PEFT's beside ours (either marks a saved adapter)
+ADAPTER_CONFIG_NAMES = ("adapter_config.json", "hf_clroute_config.json")
+
+
 def is_complete(path: Path) -> bool:
     """Whether ``path`` holds everything a resume reads: loop state, adapter and Accelerate state."""
-    return ((path / STATE_NAME).is_file() and (path / "adapter" / "adapter_config.json").is_file()
-            and (path / "accelerate").is_dir())
+    return ((path / STATE_NAME).is_file() and (path / "accelerate").is_dir()
+            and any((path / "adapter" / name).is_file() for name in ADAPTER_CONFIG_NAMES))
 
 
 def _free_name(root: Path, step: int) -> Path:
@@ -96,10 +132,19 @@ def save_checkpoint(root: Path, step: int, accelerator: "Accelerator", model: "C
     # Every rank writes its own RNG file: wait for all before the directory is renamed.
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        missing = [i for i in range(accelerator.num_processes)
+                   if not (tmp / "accelerate" / f"random_states_{i}.pkl").is_file()]
+        if missing:
+            raise UserInputError(f"checkpoint {tmp}: the RNG state of process(es) {missing} is not there; a multi-node "
+                              "run needs its checkpoint directory on a filesystem every machine shares")
         model.save_pretrained(tmp / "adapter")
         atomic_write_text(tmp / STATE_NAME, json.dumps(state, sort_keys=True))
+        _fsync_tree(tmp)  # the files reach the disk before the rename makes them a checkpoint
         _replace(tmp, final)
+        _fsync(root)
         atomic_write_text(root / LATEST, final.name + "\n")
+        _fsync(root / LATEST)
+        _fsync(root)
         # Only now that ``latest`` names the new one: the older ones at this step go.
         for older in list_checkpoints(root):
             if checkpoint_key(older)[0] == step and older != final:
@@ -143,13 +188,14 @@ def find_checkpoint(resume_from: str | Path) -> Path:
         return path
     candidates = list_checkpoints(path) if path.is_dir() else []
     if not (path / LATEST).is_file() and not candidates:
-        raise FileNotFoundError(f"no checkpoint at {resume_from} (expected {STATE_NAME} or a '{LATEST}' pointer)")
+        raise ResumeError(f"no checkpoint at {resume_from} to resume from (expected {STATE_NAME} or a '{LATEST}' "
+                          "pointer): the run has not written one yet")
     named = (path / LATEST).read_text().strip() if (path / LATEST).is_file() else None
     if named and is_complete(path / named):
         return path / named
     complete = [p for p in candidates if is_complete(p)]
     if not complete:
-        raise FileNotFoundError(
+        raise ResumeError(
             f"no complete checkpoint under {resume_from}: '{LATEST}' names {named!r} and the directories there "
             f"({', '.join(p.name for p in candidates) or 'none'}) lack {STATE_NAME}, adapter/ or accelerate/"
         )
@@ -161,3 +207,39 @@ def find_checkpoint(resume_from: str | Path) -> Path:
 
 def read_state(path: Path) -> dict[str, Any]:
     return json.loads((path / STATE_NAME).read_text())
+
+
+#: training fields that do not change what a run computes (where and how often it is saved, how
+#: it reads data, how it shows progress): a resume may change them, e.g. to stop later
+RESUMABLE_CHANGES = ("checkpoint_dir", "checkpoint_every", "keep_checkpoints", "stop_after_steps", "progress",
+                     "log_with", "num_workers", "prefetch_factor", "pin_memory", "eval_cache_examples",
+                     "eval_cache_mb")
+
+
+def run_fingerprint(suite: dict[str, Any], training: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint records of its run: the suite's measured fields and the training settings that
+    change results, and a short hash of both (the adapter config is recorded beside it by the trainer)."""
+    training = {k: v for k, v in sorted(training.items()) if k not in RESUMABLE_CHANGES}
+    record = {"suite": dict(sorted(suite.items())), "training": training}
+    digest = hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return {"sha256": digest, **record}
+
+
+def check_resume(resume_from: str | Path, fingerprint: dict[str, Any]) -> Path:
+    """The checkpoint a resume would read, refused (:class:`ResumeError`, before anything is loaded or
+    written) when it is missing or was written for another suite or other settings; names the field."""
+    path = find_checkpoint(resume_from)
+    stored = read_state(path).get("run", {}).get("fingerprint")
+    if stored is None or stored.get("sha256") == fingerprint["sha256"]:
+        return path  # a checkpoint from before fingerprints: the trainer still checks method, seed and config
+    for part in ("suite", "training"):
+        old, new = stored.get(part, {}), fingerprint[part]
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        if changed:
+            name = changed[0]
+            raise ResumeError(
+                f"checkpoint {path} was written by another run: {part} field {name!r} is {old.get(name)!r} there but "
+                f"{new.get(name)!r} now{f' (and {len(changed) - 1} more changed)' if len(changed) > 1 else ''}; "
+                "resume with the suite and settings it was started with, or start a new run in another directory")
+    raise ResumeError(f"checkpoint {path} was written by another run (fingerprint {stored.get('sha256')} there, "
+                      f"{fingerprint['sha256']} now)")
