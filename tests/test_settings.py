@@ -93,3 +93,42 @@ def test_run_seed_drives_router_and_memory_initialisation():
     assert torch.equal(weights("rwf", 0, router), weights("rwf", 0, router))
     assert not torch.equal(weights("rwf", 0, router), weights("rwf", 1, router))
     assert not torch.equal(weights("mars", 0, memory), weights("mars", 1, memory))
+
+
+def test_committed_runs_resolve_to_the_settings_they_recorded():
+    """The precedence puts a suite's training block above the method files; the built-in suites state no
+    learning rate, so every committed classification run still resolves to what it recorded."""
+    from pathlib import Path
+
+    from hf_clroute.bench.suites import builtin_suites
+
+    checked = 0
+    for path in sorted((Path(__file__).resolve().parents[1] / "results").glob("*/results.json")):
+        results = json.loads(path.read_text())
+        if results.get("kind") != "classification" or results["suite"] not in builtin_suites():
+            continue
+        suite = SuiteConfig.load(results["suite"], quick=bool(results.get("quick")))
+        for method, row in results["methods"].items():
+            recorded = (row.get("settings") or {}).get("training")
+            if not recorded:
+                continue
+            pick = (row.get("selection") or {}).get("pick")
+            training = resolve_run(suite, method, results["seeds"][0], selected=pick).training
+            for name in ("learning_rate", "batch_size", "epochs", "weight_decay", "max_grad_norm"):
+                assert getattr(training, name) == recorded[name], (path.parent.name, method, name)
+            checked += 1
+    assert checked > 50
+
+
+def test_show_settings_prints_each_value_and_where_it_came_from(tmp_path, capsys):
+    from hf_clroute.cli import main
+
+    mine = write_suite(tmp_path, "mine", base="split-mnist", training={"learning_rate": 0.5})
+    for suite, rate, source in (("split-mnist", "0.0001", "configs/methods/er.json"), (mine, "0.5", "suite training")):
+        assert main(["bench", "--suite", suite, "--methods", "er", "--seeds", "0", "--out", str(tmp_path / "out"),
+                     "--show-settings", "--precision", "fp32"]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        assert f"  training.learning_rate         = {rate}  ({source})" in lines
+        assert '  training.precision             = "fp32"  (command line)' in lines
+        assert "  training.seed                  = 0  (run seed)" in lines
+    assert not (tmp_path / "out").exists()  # nothing ran
