@@ -297,3 +297,13 @@ def test_an_explicit_thread_count_is_respected(fresh_threads):
     assert threads.apply_default_threads()["threads"] == 4 and torch.get_num_threads() == 4
     torch.set_num_threads(1)  # later calls keep the first decision
     assert threads.apply_default_threads()["threads"] == 4 and torch.get_num_threads() == 1
+
+
+def test_the_optimizer_is_fused_where_training_runs_in_bf16(stream):
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    fused = lambda **training: _trainer(stream, **training)._optimizer(params).defaults.get("fused")  # noqa: E731
+    assert fused(precision="bf16") is True and fused(precision="bf16", optimizer="sgd") is True
+    assert not fused(precision="fp32") and not fused()  # fp32 keeps the per-parameter loop's numbers
+    assert fused(precision="fp32", fused_optimizer=True) is True and not fused(precision="bf16", fused_optimizer=False)
+    with pytest.raises(UserInputError, match="fused_optimizer"):
+        TrainingConfig(fused_optimizer="yes")
