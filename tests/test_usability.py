@@ -139,3 +139,28 @@ def test_every_cli_option_has_help():
                if not isinstance(action, argparse._HelpAction) and not action.help]
     assert not missing, f"options without a help text: {missing}"
     assert all(choice.help for choice in subparsers._choices_actions)
+
+
+@pytest.mark.slow
+def test_train_runs_under_accelerate_launch_and_resumes(tiny_suite, tmp_path):
+    """`hf-clroute train` for the installed package: `accelerate launch -m hf_clroute.cli train`, stopped
+    after a few steps, resumed with --resume to the end, one process (as a single-GPU job runs it)."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "hf_clroute.cli", "train",
+              "--suite", str(tiny_suite), "--method", "finetune", "--quick", "--output-dir", str(tmp_path / "run"),
+              "--checkpoint-every", "2", "--no-progress"]
+    stopped = subprocess.run([*launch, "--stop-after-steps", "3"], env=env, capture_output=True, text=True, timeout=600)
+    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    assert not json.loads((tmp_path / "run" / "result.json").read_text())["finished"]
+    assert not (tmp_path / "run" / "adapter").exists()  # a stopped run publishes no adapter as finished
+    done = subprocess.run([*launch, "--resume"], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert result["finished"] and result["num_processes"] == 1 and result["resumed_from"]
+    assert result["settings"]["sources"]["training.checkpoint_every"] == "the command line"
+    assert (tmp_path / "run" / "adapter").is_dir()
