@@ -6,6 +6,9 @@ checkpoint shipped as a pip package; the engine test reads real MNIST.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import BertModel, GPT2LMHeadModel, ViTConfig, ViTModel
@@ -19,6 +22,8 @@ from hf_clroute.methods.rwf import HopfieldRouter, RoutedAttention, RwfConfig
 from hf_clroute.model import CLModel
 from hf_clroute.bench.settings import resolve_run
 from hf_clroute.bench.suites import SuiteConfig
+
+SETTINGS = Path(__file__).resolve().parents[1] / "hf_clroute" / "bench" / "configs" / "methods"
 
 ATTN = ("sdpa", "eager")
 
@@ -80,6 +85,9 @@ def capture_attention_lengths(model: CLModel) -> list[tuple[int, int]]:
         ({"num_prompts": 0}, "num_prompts"),
         ({"beta": -1.0, "routing": "dot"}, "beta"),
         ({"beta": 0.5}, "beta"),  # beta is the dot routing's; cosine routing has a temperature
+        ({"beta_scale": 0.0, "routing": "dot"}, "beta_scale"),
+        ({"beta_scale": 0.5}, "beta_scale"),  # cosine routing: no beta to scale
+        ({"beta_scale": 0.5, "beta": 0.1, "routing": "dot"}, "beta_scale"),  # one or the other
         ({"routing": "l2"}, "routing"),
         ({"temperature": 0.0}, "temperature"),
         ({"train_routers_for_tasks": -1}, "train_routers_for_tasks"),
@@ -354,7 +362,9 @@ def test_save_load_bit_identical(tmp_path, build, inputs):
     model.save_pretrained(tmp_path)
     from safetensors.torch import load_file
 
-    saved = set(load_file(str(tmp_path / "adapter_model.safetensors")))
+    from hf_clroute.model import WEIGHTS_NAME
+
+    saved = set(load_file(str(tmp_path / WEIGHTS_NAME)))
     assert saved and all(k.startswith(("method.routers.", "head.")) for k in saved)  # no backbone tensor
     loaded = CLModel.from_pretrained(build(), tmp_path).eval()
     assert torch.equal(loaded(**inputs()).logits, expected)
@@ -407,10 +417,33 @@ def test_trainable_share_on_vit_b16_is_about_two_percent():
 
 
 def test_suite_configs_build_rwf():
+    """Every suite resolves rwf to its settings file's values over the suite's own (the learning rate
+    3e-3, not the suite's 1e-3), the run seed in every seed field, and rwf-dot to the paper's dot form."""
+    method_file = json.loads((SETTINGS / "rwf.json").read_text())
     for suite in ("split-mnist", "split-fashion", "wordnet"):
         loaded = SuiteConfig.load(suite)
-        settings = resolve_run(loaded, "rwf", seed=0)
-        assert isinstance(settings.adapter_config, RwfConfig) and settings.training.learning_rate > 0
+        assert loaded.training.get("learning_rate") != method_file["training"]["learning_rate"]
+        settings = resolve_run(loaded, "rwf", seed=3)
+        config = settings.adapter_config
+        assert isinstance(config, RwfConfig) and settings.registered_method == "rwf"
+        assert settings.training.learning_rate == method_file["training"]["learning_rate"] == 0.003
+        assert settings.sources["training.learning_rate"] == "configs/methods/rwf.json"
+        assert {k: getattr(config, k) for k in method_file["config"]} == method_file["config"]
+        assert config.routing == "cosine" and config.scenario == loaded.scenario
+        assert config.init_seed == config.head_init_seed == settings.training.seed == 3
+        dot = resolve_run(loaded, "rwf-dot", seed=3)
+        assert dot.registered_method == "rwf" and dot.adapter_config.routing == "dot"
+        assert dot.adapter_config.beta is None and dot.training.learning_rate == 0.003  # rwf's, inherited
+
+
+def test_dot_routing_is_the_paper_form_with_beta_from_beta_scale():
+    """routing='dot': A = softmax over the tokens of beta <q, W_K^T z>, beta = beta_scale / sqrt(d) unless given."""
+    router, tokens = router_and_tokens(beta_scale=0.25)
+    assert router.beta == pytest.approx(0.25 / 4)  # d = 16
+    with torch.no_grad():
+        expected = torch.softmax(router.beta * torch.einsum("md,bld->bml", router.query(), tokens @ router.key_weight), -1)
+        torch.testing.assert_close(router.routing_weights(tokens)[:, 0], expected)
+    assert router_and_tokens(beta=0.7)[0].beta == 0.7
 
 
 def test_current_task_loss_reaches_the_char_lm():
@@ -586,8 +619,10 @@ SEARCHED = ["rwf", "rwf-dot", "rwf-static", "rwf-pretrained-key", "rwf-full-soft
 @pytest.mark.parametrize("method", SEARCHED)
 def test_search_grids_are_valid_configurations_with_rwf_s_budget(method, checked_search_grid):
     """RwF and its control get the same budget, each point a valid run; rwf's points cover the
-    three frozen value projections and a second temperature."""
+    three frozen value projections and a second temperature, rwf-dot's (the paper's form) the same
+    projections and a second beta."""
     grid = checked_search_grid(method)
-    if method == "rwf":
+    if method in ("rwf", "rwf-dot"):
         assert {p["config.value_init"] for p in grid} == set(RwfConfig.MATRIX_INITS)
-        assert len({p["config.temperature"] for p in grid}) == 2
+        knob = "config.temperature" if method == "rwf" else "config.beta_scale"
+        assert len({p[knob] for p in grid}) == 2

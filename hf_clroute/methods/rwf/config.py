@@ -57,8 +57,15 @@ class RwfConfig(CLConfig):
     )
     beta: float | None = field(
         default=None,
-        metadata={"help": "Dot routing: inverse temperature of the softmax; None = 1/sqrt(hidden size), as in "
-                          "attention (ours: the paper gives no value)."},
+        metadata={"help": "Dot routing (the paper's form, scores = beta <q, k>, softmax over the tokens): the inverse "
+                          "temperature; None = beta_scale / sqrt(hidden size), as in attention (ours: the paper gives "
+                          "no value)."},
+    )
+    beta_scale: float = field(
+        default=1.0,
+        metadata={"help": "Dot routing with beta None: beta = beta_scale / sqrt(hidden size), so one value means the "
+                          "same softness on every width; tuned on validation beside value_init (rwf-dot.json's "
+                          "search points). 1.0: attention's scaling."},
     )
     routed_layers: list[int] | None = field(
         default=None,
@@ -166,6 +173,10 @@ class RwfConfig(CLConfig):
             if self.routing != "dot":
                 raise ValueError(f"RwfConfig.beta applies to routing='dot' only (routing is {self.routing!r}: "
                                  "set temperature instead)")
+        self._check_positive("beta_scale")
+        if self.beta_scale != 1.0 and (self.routing != "dot" or self.beta is not None):
+            raise ValueError(f"RwfConfig.beta_scale ({self.beta_scale}) applies to routing='dot' with beta None only "
+                             f"(routing {self.routing!r}, beta {self.beta!r})")
         self._check_positive("temperature")
         if self.train_routers_for_tasks is not None:
             n = self.train_routers_for_tasks

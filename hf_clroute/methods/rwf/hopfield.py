@@ -63,7 +63,7 @@ class HopfieldRouter(nn.Module):
         super().__init__()
         self.num_prompts = config.num_prompts
         self.routing = config.routing
-        self.beta = config.beta if config.beta is not None else 1.0 / math.sqrt(hidden_size)
+        self.beta = config.beta if config.beta is not None else config.beta_scale / math.sqrt(hidden_size)
         generator = torch.Generator().manual_seed(seed)
         if "pretrained" in (config.key_init, config.value_init) and pretrained is None:
             raise ValueError("HopfieldRouter: key_init/value_init 'pretrained' needs the block's projections")
