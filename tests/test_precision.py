@@ -307,3 +307,19 @@ def test_the_optimizer_is_fused_where_training_runs_in_bf16(stream):
     assert fused(precision="fp32", fused_optimizer=True) is True and not fused(precision="bf16", fused_optimizer=False)
     with pytest.raises(UserInputError, match="fused_optimizer"):
         TrainingConfig(fused_optimizer="yes")
+
+
+def _image_methods() -> list[str]:
+    from hf_clroute.registry import available_methods
+    return [m for m in available_methods() if m != "prompt_tuning"]  # prompt tuning needs word embeddings
+
+
+@pytest.mark.parametrize("method", _image_methods())
+def test_every_method_trains_and_scores_under_bf16(stream, method):
+    """Replay memories, distillation targets, routers and statistics all meet bf16 activations here."""
+    from hf_clroute.registry import get_method
+
+    model = _model(get_method(method).config_class())
+    result = _trainer(stream, model, precision="bf16").fit()
+    assert result.finished and result.records["precision"]["train"]["dtype"] == "bf16"
+    assert all(0.0 <= a <= 1.0 for row in result.accuracy_matrix for a in row)

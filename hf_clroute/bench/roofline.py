@@ -89,11 +89,12 @@ def backbone_inputs(model: nn.Module, batch: int, tokens: int) -> dict[str, torc
 
 
 def train_step_fn(model: nn.Module, batch: int, tokens: int, classes: int = 10):
-    """One fine-tuning step as the trainer runs it: forward under the autocast, loss in fp32."""
+    """One fine-tuning step as the trainer runs it: forward under the autocast, loss in fp32, clipping,
+    AdamW (torch's fused step under bf16, the per-parameter loop in fp32, as ``TrainingConfig`` does)."""
     spec, inputs = get_backbone_spec(model), backbone_inputs(model, batch, tokens)
     head = nn.Linear(spec.hidden_size(model), classes)
     params = [*model.parameters(), *head.parameters()]
-    optimizer = torch.optim.AdamW(params, lr=1e-5)
+    optimizers = {None: torch.optim.AdamW(params, lr=1e-5), torch.bfloat16: torch.optim.AdamW(params, lr=1e-5, fused=True)}
     labels = torch.arange(batch) % classes
     model.train()
 
@@ -102,8 +103,8 @@ def train_step_fn(model: nn.Module, batch: int, tokens: int, classes: int = 10):
             logits = head(pooled_features(spec, model(**inputs), inputs.get("attention_mask")))
         F.cross_entropy(logits.float(), labels).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizers[dtype].step()
+        optimizers[dtype].zero_grad(set_to_none=True)
     return run
 
 
