@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+from pathlib import Path
 
 import pytest
 from accelerate import Accelerator
@@ -132,3 +133,42 @@ def test_a_second_checkpoint_at_a_step_takes_a_new_name(stream, tmp_path):
     assert (root / checkpoint.LATEST).read_text().strip() == "ckpt-00000010.1"
     assert checkpoint.read_state(root / "ckpt-00000010.1")["next_task"] == 2
     assert not list(root.glob(".t*"))  # no temporary or half-removed directory left
+
+
+def test_a_checkpoint_reaches_the_disk_before_it_becomes_one(stream, tmp_path, monkeypatch):
+    """Every file of a checkpoint and its directories are fsynced before the rename that makes it one, and
+    the root after the rename and after `latest` moves: a power cut cannot leave `latest` naming a
+    directory whose files never reached the disk."""
+    events, fsync, replace = [], checkpoint._fsync, checkpoint._replace
+
+    def synced(path):
+        events.append(("fsync", Path(path), None))
+        fsync(path)
+
+    def replaced(src, dst):  # what the directory holds at the moment it is renamed
+        events.append(("replace", Path(src), {src, *Path(src).rglob("*")}))
+        replace(src, dst)
+
+    monkeypatch.setattr(checkpoint, "_fsync", synced)
+    monkeypatch.setattr(checkpoint, "_replace", replaced)
+    root = tmp_path / "ckpt"
+    fit(stream, checkpoint_dir=str(root), **RUN)
+    commits = [i for i, (kind, path, _) in enumerate(events) if kind == "replace" and path.name.startswith(".tmp-ckpt")]
+    assert len(commits) == 4  # each task's mid-task checkpoint (its last step) and its task end's
+    for i in commits:
+        contents = events[i][2]
+        assert len(contents) > 5 and contents <= {path for kind, path, _ in events[:i] if kind == "fsync"}
+        after = [path for kind, path, _ in events[i + 1:i + 4] if kind == "fsync"]
+        assert after == [root, root / checkpoint.LATEST, root]
+
+
+def test_a_rank_state_missing_from_the_checkpoint_is_refused(stream, tmp_path, monkeypatch):
+    """On several machines without a shared filesystem a rank's RNG state lands on its own disk: the
+    main process refuses to commit a checkpoint without it, naming the need for a shared filesystem."""
+    from hf_clroute.errors import UserInputError
+
+    monkeypatch.setattr(Accelerator, "num_processes", property(lambda self: 2))
+    root = tmp_path / "ckpt"
+    with pytest.raises(UserInputError, match=r"process\(es\) \[1\].*filesystem every machine shares"):
+        fit(stream, checkpoint_dir=str(root), **RUN)
+    assert not checkpoint.list_checkpoints(root) and not (root / checkpoint.LATEST).exists()
