@@ -132,3 +132,9 @@ def test_show_settings_prints_each_value_and_where_it_came_from(tmp_path, capsys
         assert '  training.precision             = "fp32"  (command line)' in lines
         assert "  training.seed                  = 0  (run seed)" in lines
     assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_a_null_gradient_clipping_norm_means_no_clipping(tmp_path):
+    suite = SuiteConfig.load(write_suite(tmp_path, "noclip", base="split-mnist", training={"max_grad_norm": None}))
+    settings = resolve_run(suite, "finetune", 0)
+    assert settings.training.max_grad_norm == 0.0 and settings.sources["training.max_grad_norm"] == "suite training"

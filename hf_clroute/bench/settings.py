@@ -144,6 +144,8 @@ def resolve_run(suite: Any, method: str, seed: int, overrides: dict[str, Any] | 
     for key in seeded[1:]:
         config_fields[key.split(".", 1)[1]], sources[key] = seed, "run seed"
     training_fields["seed"], sources["training.seed"] = seed, "run seed"
+    if "max_grad_norm" in training_fields and training_fields["max_grad_norm"] is None:
+        training_fields["max_grad_norm"] = 0.0  # null in a file: no clipping, TrainingConfig's 0
     known_training = {f.name for f in dataclasses.fields(TrainingConfig)}
     unknown = sorted(set(training_fields) - known_training)
     if unknown:
