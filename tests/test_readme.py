@@ -201,3 +201,46 @@ def test_make_demo_prints_its_table(tmp_path: Path):
     # What the demo shows: nearest-class-mean on the pretrained features forgets far less than fine-tuning.
     assert scores["ncm"]["A_T"] > scores["finetune"]["A_T"] + 20
     assert scores["ncm"]["F_T"] < scores["finetune"]["F_T"] - 20
+    check_readme_demo_table(cells)
+
+
+#: how far a README cell may be from the demo's (points): torch's thread count follows the machine's
+#: load, and sums in another order can move a test example or a probe fit (0.1 point each)
+DEMO_TOLERANCE = 0.3
+
+
+def readme_demo_table() -> dict[str, dict[str, str]]:
+    """README's demo table (the first ``| method | A_T | F_T`` table after "## Fresh machine")."""
+    text = (REPO / "README.md").read_text()
+    return results_table(text[text.index("## Fresh machine"):])
+
+
+def check_readme_demo_table(demo: dict[str, dict[str, str]]) -> None:
+    """Every cell of README's demo table is what the demo printed: the same rows and columns (README
+    leaves out SE and the machine-dependent throughput), the same numbers up to DEMO_TOLERANCE."""
+    readme = readme_demo_table()
+    assert set(readme) == {"finetune", "ncm"}, readme
+    stale = []
+    for method, row in readme.items():
+        for column, cell in row.items():
+            shown = demo[method][column].split("±")[0].strip()
+            if column == "method":
+                continue
+            if cell == "—" or shown == "—":
+                ok = cell == shown
+            else:
+                tolerance = 0.0 if column == "trainable %" else DEMO_TOLERANCE
+                ok = abs(float(cell) - float(shown)) <= tolerance + 1e-9
+            if not ok:
+                stale.append(f"{method} {column}: README {cell}, demo {shown}")
+    assert not stale, "README's demo table differs from what the demo printed: " + "; ".join(stale)
+
+
+def test_readme_demo_table_check_catches_a_stale_cell():
+    """The check above fails on a README number the demo no longer prints (and passes on README's own)."""
+    readme = readme_demo_table()
+    demo = {m: {c: (v if v == "—" or c == "method" else f"{v} ± 0.0") for c, v in row.items()} for m, row in readme.items()}
+    check_readme_demo_table(demo)
+    demo["finetune"]["deep F"] = f"{float(readme['finetune']['deep F']) + 0.4:.1f} ± 0.0"
+    with pytest.raises(AssertionError, match="finetune deep F"):
+        check_readme_demo_table(demo)
