@@ -1,9 +1,10 @@
 """Load an adapter by its repo id or directory alone, as PEFT's ``AutoPeftModel`` does.
 
 The adapter records its backbone (``base_model_name_or_path``, the Hub commit it was loaded
-at, a fingerprint of its config); ``AutoCLModel.from_pretrained`` loads that backbone with
-transformers (through :func:`hf_clroute.backbones.load_backbone`, so ViT, BERT and char-level
-GPT-2 with their processors all work), then attaches the adapter to it::
+at, a fingerprint of its config and weights); ``AutoCLModel.from_pretrained`` loads that backbone
+(through :func:`hf_clroute.backbones.load_backbone`, so ViT, BERT and char-level GPT-2 with their
+processors all work, and so do the package's own backbone names: ``pretrained-vit:<name>``, the
+committed ViTs, installed into the cache when missing, and ``minilm``), then attaches the adapter::
 
     model = AutoCLModel.from_pretrained("me/my-adapter")
     model, processor = AutoCLModel.from_pretrained("me/my-adapter", return_processor=True)
@@ -15,10 +16,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .backbones import load_backbone
-from .config import CLConfig
+from .backbones import is_backbone_name, load_backbone
+from .errors import UserInputError
 from .io import looks_local, resolve_pretrained_dir
-from .model import CLModel
+from .model import CLModel, load_config
 
 
 class AutoCLModel:
@@ -34,6 +35,8 @@ class AutoCLModel:
         revision: str | None = None,
         *,
         return_processor: bool = False,
+        is_trainable: bool = False,
+        allow_backbone_mismatch: bool = False,
         backbone_kwargs: dict[str, Any] | None = None,
         **hub_kwargs: Any,
     ) -> CLModel | tuple[CLModel, Any]:
@@ -42,33 +45,38 @@ class AutoCLModel:
         ``revision`` is the adapter repo's (branch, tag or commit); the backbone loads at the commit
         recorded in the adapter (its main branch when none was recorded: it came from a local
         directory or was loaded without :func:`~hf_clroute.backbones.load_backbone`), and the
-        fingerprint check of ``CLModel.from_pretrained`` refuses it if its config has changed since.
-        ``backbone_kwargs`` go to the backbone's ``from_pretrained`` (e.g. ``attn_implementation``),
-        ``hub_kwargs`` (``token``, ``cache_dir``, ``force_download``) to the adapter's download.
-        With ``return_processor``: ``(model, processor)``, the backbone's image processor or tokenizer.
+        fingerprint check of ``CLModel.from_pretrained`` refuses it if its config or weights have
+        changed since (``allow_backbone_mismatch=True`` loads other weights with a warning). The
+        model is in eval mode and frozen, or in train mode with a trainable adapter with
+        ``is_trainable=True``. ``backbone_kwargs`` go to the backbone's ``from_pretrained`` (e.g.
+        ``attn_implementation``), ``hub_kwargs`` (``token``, ``cache_dir``, ``force_download``,
+        ``timeout``) to the adapter's download. With ``return_processor``: ``(model, processor)``,
+        the backbone's image processor or tokenizer.
         """
+        source = str(path_or_repo_id)
         directory = resolve_pretrained_dir(path_or_repo_id, revision=revision, **hub_kwargs)
-        config = CLConfig.from_pretrained(directory)
+        config = load_config(directory, source)
         base = config.base_model_name_or_path
         if not base:
-            raise ValueError(
-                f"adapter {path_or_repo_id} records no backbone (base_model_name_or_path); load the backbone "
+            raise UserInputError(
+                f"adapter {source} records no backbone (base_model_name_or_path); load the backbone "
                 "yourself and use CLModel.from_pretrained(backbone, ...)"
             )
         is_dir = Path(base).expanduser().is_dir()
-        if ":" in base and not is_dir:
-            raise ValueError(
-                f"adapter {path_or_repo_id} records backbone {base!r}, a bench suite's backbone name rather than a Hub "
-                "id or a directory; load it with hf_clroute.bench.suites.load_suite_backbone and use "
-                "CLModel.from_pretrained(backbone, ...)"
+        if ":" in base and not is_dir and not is_backbone_name(base):
+            raise UserInputError(
+                f"adapter {source} records backbone {base!r}, which this package cannot build by name (it resolves "
+                "Hub ids, directories, 'pretrained-vit:<name>' and 'minilm'; a bench stand-in, 'standin:<name>', is "
+                "built by hf_clroute.bench.suites.resolve_backbone_path); load it with "
+                "hf_clroute.backbones.load_backbone and use CLModel.from_pretrained(backbone, ...)"
             )
         if looks_local(base) and not is_dir:
             raise FileNotFoundError(
-                f"adapter {path_or_repo_id} was saved on the local backbone {base!r}, which is not on this machine; "
+                f"adapter {source} was saved on the local backbone {base!r}, which is not on this machine; "
                 "load that backbone yourself and use CLModel.from_pretrained(backbone, ...)"
             )
         backbone, processor = load_backbone(base, revision=config.base_model_revision, **(backbone_kwargs or {}))
-        model = CLModel.from_pretrained(backbone, directory)
+        model = CLModel._load(backbone, directory, source, is_trainable, allow_backbone_mismatch, suggest_auto=False)
         return (model, processor) if return_processor else model
 
 

@@ -309,7 +309,8 @@ def load_backbone(
     revision: str | None = None,
     **from_pretrained_kwargs: Any,
 ) -> tuple[nn.Module, Any]:
-    """Load a supported backbone and its processor from a local dir or Hub id.
+    """Load a supported backbone and its processor from a local dir, a Hub id or a backbone name
+    of this package (``pretrained-vit:<name>``, ``minilm``: :func:`resolve_backbone_name`).
 
     ViT/BERT load as base models (``AutoModel``), GPT-2 char-LMs as causal LMs
     (``AutoModelForCausalLM``). The processor is ``AutoImageProcessor`` or
@@ -318,10 +319,21 @@ def load_backbone(
     ``from_pretrained_kwargs`` go to the model (e.g. ``attn_implementation``).
     From the Hub, ``revision`` (default: the main branch) is resolved to its commit once, so config,
     weights and processor come from that one commit, which :func:`loaded_revision` then reports
-    (an adapter records it, so ``AutoCLModel`` reloads the very same backbone).
+    (an adapter records it, so ``AutoCLModel`` reloads the very same backbone). A package backbone
+    is reported under its name (:func:`loaded_name`) with the sha256 of its committed weights.
     """
     name_or_path = os.fspath(name_or_path)
-    revision = _hub_commit(name_or_path, revision)
+    identity = (name_or_path, None)
+    if is_backbone_name(name_or_path):
+        from .pretrained_assets import asset_revision
+
+        # The package ships one build per name; a ``revision`` recorded by an adapter (the sha256 of the
+        # weights it was saved on) is not looked up here: the adapter's weights fingerprint decides.
+        identity, revision = (name_or_path, asset_revision(name_or_path)), None
+        name_or_path = resolve_backbone_name(name_or_path)
+    else:
+        revision = _hub_commit(name_or_path, revision)
+        identity = (name_or_path, revision)
     if revision is not None:
         from_pretrained_kwargs["revision"] = revision
     spec = get_backbone_spec(AutoConfig.from_pretrained(name_or_path, revision=revision))
@@ -350,31 +362,63 @@ def load_backbone(
             f"{spec.processor_class} files; save the processor/tokenizer with "
             f"save_pretrained into the same directory"
         ) from err
-    if revision is not None:
-        _LOADED_REVISIONS[model] = revision
+    if identity[1] is not None or identity[0] != name_or_path:
+        _LOADED_AS[model] = identity
     return model, processor
 
 
-#: backbone loaded from the Hub by :func:`load_backbone` -> the commit it was loaded at
-_LOADED_REVISIONS: "weakref.WeakKeyDictionary[nn.Module, str]" = weakref.WeakKeyDictionary()
+#: backbone loaded by :func:`load_backbone` from the Hub or by a package backbone name ->
+#: (the name it was asked for, the Hub commit or ``sha256:<weights>`` it was loaded at)
+_LOADED_AS: "weakref.WeakKeyDictionary[nn.Module, tuple[str, str | None]]" = weakref.WeakKeyDictionary()
 
 
 def loaded_revision(model: nn.Module) -> str | None:
-    """The Hub commit :func:`load_backbone` loaded ``model`` at; None for a local directory or a
-    model built or loaded any other way (transformers itself keeps no record of it)."""
-    return _LOADED_REVISIONS.get(model)
+    """The Hub commit :func:`load_backbone` loaded ``model`` at (``sha256:<hex>`` of the weights for a
+    committed ``pretrained-vit:<name>``); None for a local directory or a model built or loaded any
+    other way (transformers itself keeps no record of it)."""
+    return _LOADED_AS.get(model, (None, None))[1]
+
+
+def loaded_name(model: nn.Module) -> str | None:
+    """The name :func:`load_backbone` was given for ``model`` when it was a Hub id or a package backbone
+    name (``pretrained-vit:vit-mnist-stream``, ``minilm``), which an adapter records instead of the
+    cache directory it was read from; None otherwise."""
+    return _LOADED_AS.get(model, (None, None))[0]
+
+
+def is_backbone_name(name: str) -> bool:
+    """Whether ``name`` is a backbone name this package resolves itself (not a Hub id or a path)."""
+    return (name.startswith("pretrained-vit:") or name in OFFLINE_MODELS) and not os.path.isdir(name)
+
+
+def resolve_backbone_name(name: str) -> str:
+    """The directory of a package backbone name, ready to load: ``pretrained-vit:<name>`` (a committed
+    asset, installed into the cache or re-verified there, see :mod:`hf_clroute.pretrained_assets`) or an
+    offline model package (``minilm``). Any other name (a Hub id, a directory) is returned as it is."""
+    if name.startswith("pretrained-vit:"):
+        from .pretrained_assets import resolve_asset
+
+        return resolve_asset(name)
+    if name in OFFLINE_MODELS and not os.path.isdir(name):
+        return offline_model_path(name)
+    return name
 
 
 def _hub_commit(name_or_path: str, revision: str | None) -> str | None:
     """The commit ``revision`` of Hub repo ``name_or_path`` points to now (None for a local directory).
     Best effort, as transformers' own resolution: when it cannot be resolved (offline and never
-    cached, no such repo), ``revision`` is returned and the load itself reports the problem."""
+    cached, no such repo, no answer in time), ``revision`` is returned and the load itself reports
+    the problem."""
     if os.path.isdir(name_or_path):
         return None
     from huggingface_hub import HfApi, constants
 
+    from .io import hub_call
+
     try:
-        return HfApi().resolve_revision(name_or_path, revision=revision, local_files_only=constants.HF_HUB_OFFLINE).resolved
+        return hub_call(lambda: HfApi().resolve_revision(
+            name_or_path, revision=revision, local_files_only=constants.HF_HUB_OFFLINE).resolved,
+            what=f"backbone {name_or_path!r}", revision=revision)
     except Exception:  # the client raises many types (HTTP, connection, validation, cache miss): fail open
         return revision
 

@@ -5,17 +5,21 @@ it), adds a classification head that grows with the stream for image/text
 backbones (``config.head``: the incremental linear head, or a closed-form
 statistics head that the model itself feeds in ``after_step`` and solves in
 ``before_evaluation``), and lets the method add its own modules.
-``save_pretrained`` writes only what the method changed (PEFT-like
-``adapter_config.json`` + ``adapter_model.safetensors``): every trainable tensor,
+``save_pretrained`` writes only what the method changed (``hf_clroute_config.json`` +
+``hf_clroute_model.safetensors``, PEFT-like in our own names): every trainable tensor,
 every buffer the method or head added, and the non-tensor state (head size and
 settings, counters, slot statistics) as JSON in the safetensors metadata, guarded by
 a checksum of the tensor bytes so a corrupted file is refused, not half-loaded.
-A method that is PEFT's own (LoRA, prompt tuning) is saved in PEFT's format, with
-the rest beside it (see ``save_pretrained``).
+A method that is PEFT's own (LoRA, prompt tuning) also writes PEFT's own
+``adapter_config.json`` + ``adapter_model.safetensors`` (see ``save_pretrained``); directories
+saved before 0.2, with our config under PEFT's names, still load.
 
-The adapter records its backbone: name, Hub commit and a fingerprint of the config
-(:func:`backbone_fingerprint`); ``from_pretrained`` refuses a backbone with another
-fingerprint, and ``hf_clroute.AutoCLModel`` loads the recorded backbone itself.
+The adapter records its backbone: name (a Hub id, or a package backbone name such as
+``pretrained-vit:vit-mnist-stream``), the Hub commit or the committed weights' sha256, and a
+fingerprint of its config and of a few of its weight tensors (:func:`recorded_fingerprint`);
+``from_pretrained`` refuses a backbone with another fingerprint, and ``hf_clroute.AutoCLModel``
+loads the recorded backbone itself. Like transformers and PEFT, a loaded adapter is in eval mode
+and frozen unless ``is_trainable=True``.
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ import hashlib
 import json
 import os
 import tempfile
-import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -35,19 +38,22 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .backbones import get_backbone_spec, get_base_model, loaded_revision, pooled_features
-from .config import CONFIG_NAME, PEFT_LAYOUT_CONFIG_NAME, CLConfig
+from .backbone_identity import backbone_fingerprint, check_backbone, record_backbone, recorded_fingerprint
+from .backbones import get_backbone_spec, get_base_model, loaded_name, loaded_revision, pooled_features
+from .config import CLConfig
+from .errors import UserInputError
 from .heads import StatisticsHead, build_head
-from .io import atomic_path, atomic_write_text, refuse_pickles, resolve_pretrained_dir
+from .io import (
+    CONFIG_NAME, PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, WEIGHTS_NAME, adapter_config_file, atomic_path, atomic_write_text,
+    read_json, refuse_pickles, resolve_pretrained_dir,
+)
 from .methods.base import ContinualMethod, StepContext
 from .labels import record_labels
 from .outputs import CLModelOutput, backbone_inputs, model_inputs
 from .registry import get_method
 
-WEIGHTS_NAME = "adapter_model.safetensors"
-#: beside PEFT's own files, in a directory saved in PEFT's format: our tensors that are not PEFT's
-#: (head, class statistics), the non-tensor state, and the checksum of both weight files
-PEFT_LAYOUT_WEIGHTS_NAME = "hf_clroute_model.safetensors"
+#: our weights in every layout (before 0.2, the name of the PEFT-format layout's own file)
+PEFT_LAYOUT_WEIGHTS_NAME = WEIGHTS_NAME
 _STATE_KEY = "hf_clroute.state"
 _CHECKSUM_KEY = "hf_clroute.sha256"
 _PEFT_KEYS_KEY = "hf_clroute.peft_keys"
@@ -61,7 +67,8 @@ class CLModel(nn.Module):
         # A backbone another CLModel already adapted (README's `same = type(model).from_pretrained(backbone,
         # ...)` right after training on `backbone`) is not adapted twice, which would stack a second
         # adapter on the first: this model is built on a copy of the backbone as it was before then.
-        revision = loaded_revision(backbone)
+        revision, name = loaded_revision(backbone), loaded_name(backbone)
+        fingerprint = _fingerprint_before_adaptation(backbone)
         backbone = _unadapted_copy(backbone)
         skeleton = _skeleton(backbone)
         self.spec = get_backbone_spec(backbone)
@@ -78,12 +85,7 @@ class CLModel(nn.Module):
         # Image/text classification works on the base model's pooled features; an
         # LM keeps its own LM head.
         self.backbone = backbone if self.spec.modality == "lm" else get_base_model(backbone)
-        if config.base_model_name_or_path is None:
-            config.base_model_name_or_path = getattr(backbone, "name_or_path", None) or None
-        if config.base_model_revision is None and config.base_model_name_or_path == getattr(backbone, "name_or_path", None):
-            config.base_model_revision = revision
-        if config.base_model_fingerprint is None:
-            config.base_model_fingerprint = backbone_fingerprint(backbone)
+        record_backbone(config, backbone, name, revision, fingerprint)
         if config.freeze_backbone:
             self.backbone.requires_grad_(False)
         # The backbone's own tensors stay on its own checkpoint and are never saved
@@ -99,7 +101,7 @@ class CLModel(nn.Module):
             raise ValueError(f"method {config.method!r} cannot use head {config.head!r}: {owner}; leave head='linear'")
         self.method = method
         method.attach(self)
-        _ADAPTED[backbone] = skeleton
+        _ADAPTED[backbone] = skeleton, fingerprint
 
     # ---- forward ---------------------------------------------------------------
     def extract_features(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -242,16 +244,29 @@ class CLModel(nn.Module):
         self.method.load_extra_state(state.get("method", {}))
 
     # ---- saving and loading ------------------------------------------------------
-    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
-        """Write the adapter, each file atomically: ``adapter_config.json`` + ``adapter_model.safetensors``.
+    def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True,
+                        safe_serialization: bool = True, **kwargs: Any) -> None:
+        """Write the adapter, each file atomically: ``hf_clroute_config.json`` + ``hf_clroute_model.safetensors``.
 
-        A method that is PEFT's own (LoRA, prompt tuning) is written in PEFT's format, so
-        ``peft.PeftModel.from_pretrained(backbone, directory)`` loads it as any PEFT adapter: those two
-        names hold PEFT's config and PEFT's tensors, under PEFT's names. What PEFT has no place for
-        (our config, the head, class statistics, state) lies beside them in ``hf_clroute_config.json``
-        + ``hf_clroute_model.safetensors``, whose checksum covers both weight files. ``from_pretrained``
-        and ``AutoCLModel`` read either layout.
+        A method that is PEFT's own (LoRA, prompt tuning) also writes PEFT's format, so
+        ``peft.PeftModel.from_pretrained(backbone, directory)`` loads it as any PEFT adapter:
+        ``adapter_config.json`` + ``adapter_model.safetensors`` hold PEFT's config and PEFT's tensors,
+        under PEFT's names; our config, the head, class statistics and state lie beside them in our
+        two files, whose checksum covers both weight files. Every other method writes our two files
+        only, so transformers and PEFT never take it for a PEFT adapter.
+
+        The signature is transformers': ``is_main_process=False`` writes nothing (the other processes
+        of a distributed run), ``safe_serialization=False`` is refused (we write safetensors only),
+        ``push_to_hub=True`` pushes the adapter too (``repo_id``, default the directory's name, and
+        ``push_to_hub``'s keywords), and other keywords transformers takes (``max_shard_size``...) are
+        accepted and have no effect: an adapter is one small file.
         """
+        if not safe_serialization:
+            raise UserInputError("save_pretrained(safe_serialization=False): hf_clroute writes safetensors only "
+                                 "(pickle files can run code when loaded); leave safe_serialization=True")
+        push = kwargs.pop("push_to_hub", False)
+        if not is_main_process:
+            return
         directory = Path(save_directory)
         directory.mkdir(parents=True, exist_ok=True)
         # Tied or shared tensors cannot be saved twice by safetensors; clone them.
@@ -263,19 +278,20 @@ class CLModel(nn.Module):
         }
         export = self.method.peft_adapter(self)
         if export is None:
-            _write_safetensors(directory / WEIGHTS_NAME, tensors, metadata)
-            self.config.save_pretrained(directory)
-            # A PEFT-format adapter saved here before would only confuse a reader.
-            for stale in (PEFT_LAYOUT_WEIGHTS_NAME, PEFT_LAYOUT_CONFIG_NAME):
+            # PEFT's files from an earlier save here, or our own from before 0.2, would only confuse a reader.
+            for stale in (PEFT_WEIGHTS_NAME, PEFT_CONFIG_NAME):
                 (directory / stale).unlink(missing_ok=True)
-            return
-        peft_config, peft_keys = export
-        peft_tensors = {peft_keys[key]: tensors.pop(key) for key in peft_keys}
-        _write_safetensors(directory / WEIGHTS_NAME, peft_tensors, {"format": "pt"})  # what PEFT writes
-        metadata[_PEFT_KEYS_KEY] = json.dumps(peft_keys, sort_keys=True)
-        _write_safetensors(directory / PEFT_LAYOUT_WEIGHTS_NAME, tensors, metadata)
-        self._save_peft_config(peft_config, directory)
-        atomic_write_text(directory / PEFT_LAYOUT_CONFIG_NAME, self.config.to_json_string())
+        else:
+            peft_config, peft_keys = export
+            peft_tensors = {peft_keys[key]: tensors.pop(key) for key in peft_keys}
+            _write_safetensors(directory / PEFT_WEIGHTS_NAME, peft_tensors, {"format": "pt"})  # what PEFT writes
+            metadata[_PEFT_KEYS_KEY] = json.dumps(peft_keys, sort_keys=True)
+            self._save_peft_config(peft_config, directory)
+        _write_safetensors(directory / WEIGHTS_NAME, tensors, metadata)
+        atomic_write_text(directory / CONFIG_NAME, self.config.to_json_string())
+        if push:
+            hub_keys = ("token", "private", "commit_message", "revision", "create_pr", "timeout")
+            self.push_to_hub(kwargs.pop("repo_id", directory.resolve().name), **{k: kwargs[k] for k in hub_keys if k in kwargs})
 
     def _save_peft_config(self, peft_config: Any, directory: Path) -> None:
         """PEFT's ``adapter_config.json``, written by PEFT itself (then moved into place), naming the
@@ -291,26 +307,42 @@ class CLModel(nn.Module):
         }
         with tempfile.TemporaryDirectory(prefix=".peft_config.", dir=directory) as staging:
             peft_config.save_pretrained(staging, auto_mapping_dict=auto_mapping)
-            os.replace(Path(staging) / CONFIG_NAME, directory / CONFIG_NAME)
+            os.replace(Path(staging) / PEFT_CONFIG_NAME, directory / PEFT_CONFIG_NAME)
 
     @classmethod
     def from_pretrained(
-        cls, backbone: nn.Module, path_or_repo_id: str | os.PathLike, **hub_kwargs: Any
+        cls, backbone: nn.Module, path_or_repo_id: str | os.PathLike, *, is_trainable: bool = False,
+        allow_backbone_mismatch: bool = False, **hub_kwargs: Any,
     ) -> "CLModel":
         """Rebuild the adapter saved at a local dir or Hub repo id on ``backbone``.
+
+        As in transformers and PEFT the model comes back in eval mode with every parameter frozen;
+        ``is_trainable=True`` returns it in train mode with the adapter's parameters trainable, to
+        continue training. A backbone of another architecture is refused; one of the same
+        architecture with other weights too (:func:`check_backbone`), unless
+        ``allow_backbone_mismatch=True``, which loads it with a warning.
 
         Like PEFT's ``from_pretrained`` the adapter is attached to ``backbone`` itself, unless
         another CLModel already adapted that backbone object (e.g. the model just trained on
         it): then the adapter is attached to a copy of the backbone as it was before, and the
-        other model is left as it is.
+        other model is left as it is. ``hub_kwargs`` (``revision``, ``token``, ``force_download``,
+        ``timeout``...) go to the adapter's download.
         """
         directory = resolve_pretrained_dir(path_or_repo_id, **hub_kwargs)
-        refuse_pickles(directory, WEIGHTS_NAME)
-        config = CLConfig.from_pretrained(directory)
-        check_backbone(config, backbone, source=str(path_or_repo_id))
+        return cls._load(backbone, directory, str(path_or_repo_id), is_trainable, allow_backbone_mismatch)
+
+    @classmethod
+    def _load(cls, backbone: nn.Module, directory: Path, source: str, is_trainable: bool,
+              allow_backbone_mismatch: bool, suggest_auto: bool = True) -> "CLModel":
+        config = load_config(directory, source)
+        check_backbone(config, backbone, source, _fingerprint_before_adaptation(backbone),
+                       allow_mismatch=allow_backbone_mismatch, suggest_auto=suggest_auto)
         model = cls(backbone, config)
-        model.load_adapter_weights(directory, source=str(path_or_repo_id))
-        return model
+        model.load_adapter_weights(directory, source=source)
+        if is_trainable:
+            return model.train()
+        model.requires_grad_(False)
+        return model.eval()
 
     def load_adapter_weights(self, directory: str | os.PathLike, source: str | None = None) -> None:
         """Restore a saved adapter's state into this model: non-tensor state first (so grown
@@ -336,20 +368,27 @@ class CLModel(nn.Module):
             )
         self.load_state_dict(tensors, strict=False)
 
-    def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
+    def push_to_hub(self, repo_id: str, *, revision: str | None = None, create_pr: bool = False, **kwargs: Any) -> str:
         """Save to a temporary dir and upload it in one commit, with a minimal model card (method,
-        base model, labels, training history; ``hf-clroute push`` writes the bench's full card);
-        see ``hf_clroute.io.push_folder``."""
+        base model, labels, training history; ``hf-clroute push`` writes the bench's full card).
+        ``revision``: the branch to push to (created when missing); ``create_pr``: open a pull request
+        instead of committing; ``token``, ``private``, ``commit_message``, ``timeout`` (seconds, default
+        ``$HF_CLROUTE_HUB_TIMEOUT`` or 60) as in ``hf_clroute.io.push_folder``. Returns the commit
+        (or pull request) URL."""
         from .io import push_adapter
-        from .model_card import minimal_card
+        from .model_card import minimal_card, peft_auto_class
 
-        card = minimal_card(self.config, repo_id, peft_format=self.method.peft_adapter(self) is not None)
-        return push_adapter(self, repo_id, **{"card": card, **kwargs})
+        export = self.method.peft_adapter(self)
+        peft_format = peft_auto_class(export[0].task_type) if export is not None else False
+        card = minimal_card(self.config, repo_id, peft_format=peft_format)
+        return push_adapter(self, repo_id, **{"card": card, **kwargs}, revision=revision, create_pr=create_pr)
 
 
-#: backbone -> (a copy of its module structure from before a CLModel adapted it, sharing its
-#: tensors, and the parameters' requires_grad flags then); None when it could not be copied.
-_ADAPTED: "weakref.WeakKeyDictionary[nn.Module, tuple[nn.Module, list[bool]] | None]" = weakref.WeakKeyDictionary()
+#: backbone -> ((a copy of its module structure from before a CLModel adapted it, sharing its
+#: tensors, and the parameters' requires_grad flags then; None when it could not be copied),
+#: its fingerprint then)
+_ADAPTED: "weakref.WeakKeyDictionary[nn.Module, tuple[tuple[nn.Module, list[bool]] | None, str]]" = (
+    weakref.WeakKeyDictionary())
 
 
 def _skeleton(backbone: nn.Module) -> tuple[nn.Module, list[bool]] | None:
@@ -368,7 +407,7 @@ def _unadapted_copy(backbone: nn.Module) -> nn.Module:
     """``backbone`` itself the first time; after a CLModel adapted it, a full copy of it as it was then."""
     if backbone not in _ADAPTED:
         return backbone
-    entry = _ADAPTED[backbone]
+    entry = _ADAPTED[backbone][0]
     if entry is None:
         raise ValueError(
             "this backbone is already adapted by another CLModel and cannot be copied; load a fresh backbone "
@@ -380,6 +419,14 @@ def _unadapted_copy(backbone: nn.Module) -> nn.Module:
         parameter.requires_grad_(flag)
     first = next(iter(fresh.parameters()), None)
     return fresh.to(first.device) if first is not None and first.device.type != "meta" else fresh
+
+
+def _fingerprint_before_adaptation(backbone: nn.Module) -> str:
+    """:func:`recorded_fingerprint` of ``backbone`` as it was before any CLModel adapted it (a method
+    that trains the backbone changes its weights in place; the copy it was adapted from has not)."""
+    if backbone in _ADAPTED:
+        return _ADAPTED[backbone][1]
+    return recorded_fingerprint(backbone)
 
 
 def tensor_checksum(tensors: dict[str, torch.Tensor]) -> str:
@@ -407,20 +454,26 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
         raise ValueError(f"corrupted adapter checkpoint {path}: {err}") from err
 
 
+def load_config(directory: str | os.PathLike, source: str | os.PathLike | None = None) -> CLConfig:
+    """The adapter's config from a local directory, in any layout (see :func:`hf_clroute.io.adapter_config_file`)."""
+    return CLConfig.from_dict(read_json(adapter_config_file(directory, source)))
+
+
 def read_adapter_dir(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """An adapter's tensors (under our names) + our metadata, from either layout (see
-    ``CLModel.save_pretrained``), refusing truncated, corrupted or tampered files."""
+    """An adapter's tensors (under our names) + our metadata, from any layout (see
+    ``CLModel.save_pretrained``; before 0.2 a non-PEFT adapter's tensors were in PEFT's file name),
+    refusing truncated, corrupted or tampered files and pickles."""
     path = directory / WEIGHTS_NAME
+    if not path.is_file() and (directory / PEFT_WEIGHTS_NAME).is_file() and not (directory / CONFIG_NAME).is_file():
+        path = directory / PEFT_WEIGHTS_NAME  # saved before 0.2: our tensors under PEFT's name
+    refuse_pickles(directory, path.name)
     tensors, metadata = _read_safetensors(path)
-    if _CHECKSUM_KEY not in metadata and (directory / PEFT_LAYOUT_WEIGHTS_NAME).is_file():
-        # PEFT's format: PEFT's tensors back under our names, beside the rest of ours.
-        peft_tensors = tensors
-        path = directory / PEFT_LAYOUT_WEIGHTS_NAME
-        tensors, metadata = _read_safetensors(path)
-        ours = {peft: key for key, peft in json.loads(metadata.get(_PEFT_KEYS_KEY, "{}")).items()}
+    if _PEFT_KEYS_KEY in metadata:  # PEFT's format: PEFT's tensors back under our names, beside the rest of ours
+        peft_tensors, _ = _read_safetensors(directory / PEFT_WEIGHTS_NAME)
+        ours = {peft: key for key, peft in json.loads(metadata[_PEFT_KEYS_KEY]).items()}
         if set(peft_tensors) != set(ours):
-            raise ValueError(f"corrupted adapter checkpoint {directory}: {WEIGHTS_NAME} holds {sorted(peft_tensors)[:5]}, "
-                             f"{PEFT_LAYOUT_WEIGHTS_NAME} names {sorted(ours)[:5]}")
+            raise ValueError(f"corrupted adapter checkpoint {directory}: {PEFT_WEIGHTS_NAME} holds {sorted(peft_tensors)[:5]}, "
+                             f"{WEIGHTS_NAME} names {sorted(ours)[:5]}")
         tensors.update({ours[name]: tensor for name, tensor in peft_tensors.items()})
     expected = metadata.get(_CHECKSUM_KEY)
     if expected is None:
@@ -430,63 +483,12 @@ def read_adapter_dir(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str
     return tensors, metadata
 
 
-# ---- which backbone an adapter belongs to -------------------------------------------------
-#: config fields that do not define the backbone's architecture: where it was loaded from, the
-#: library version, labels and settings of a task head the base model drops, output and dtype choices
-_NOT_ARCHITECTURE = frozenset({
-    "_name_or_path", "transformers_version", "architectures", "dtype", "torch_dtype", "id2label", "label2id",
-    "num_labels", "problem_type", "finetuning_task", "task_specific_params", "output_attentions",
-    "output_hidden_states", "return_dict", "use_cache", "tokenizer_class", "prefix", "torchscript",
-})
-
-
-def backbone_fingerprint(model_or_config: Any) -> str:
-    """``'<model_type>:<hash>'`` of a backbone config's architecture-defining fields, the same for a
-    local copy and its Hub original, and for a task model and its base model; any change of shape,
-    vocabulary, norm epsilon or activation changes it. Only fields that differ from the config class's
-    defaults count, so a field a newer transformers adds (at its default) leaves it as it was."""
-    config = getattr(model_or_config, "config", model_or_config)
-    try:
-        defaults = type(config)().to_dict()
-    except (TypeError, ValueError):  # a config class without defaults for everything: every field counts
-        defaults = {}
-    fields = {
-        k: v for k, v in config.to_dict().items()
-        if k not in _NOT_ARCHITECTURE and not k.startswith("_") and (k not in defaults or defaults[k] != v)
-    }
-    digest = hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()
-    return f"{config.model_type}:{digest[:16]}"
-
-
-def check_backbone(config: CLConfig, backbone: nn.Module, source: str) -> None:
-    """Refuse a backbone whose fingerprint differs from the one the adapter recorded, naming both;
-    warn when only the names differ (a local copy of a Hub model, say)."""
-    recorded_name, given_name = config.base_model_name_or_path or "", getattr(backbone, "name_or_path", "") or ""
-    recorded, given = recorded_name or "an unnamed backbone", given_name or "an unnamed backbone"
-    fingerprint = backbone_fingerprint(backbone)
-    if config.base_model_fingerprint is not None and config.base_model_fingerprint != fingerprint:
-        raise ValueError(
-            f"adapter {source} was saved on backbone {recorded!r} (fingerprint {config.base_model_fingerprint}); "
-            f"the backbone given, {given!r} (fingerprint {fingerprint}), does not match it: another architecture or "
-            f"config. Load {recorded!r}, or use hf_clroute.AutoCLModel.from_pretrained({source!r})"
-        )
-    # A bench alias ('pretrained-vit:mnist') names no loadable model: only the fingerprint says anything.
-    if recorded_name and given_name and ":" not in recorded_name and not _same_name(recorded_name, given_name):
-        warnings.warn(
-            f"adapter {source} was saved on backbone {recorded!r} and is loaded onto {given!r}: the names differ, "
-            "the config fingerprints match", stacklevel=3,
-        )
-
-
-def _same_name(a: str, b: str) -> bool:
-    if os.path.isdir(a) and os.path.isdir(b):
-        return os.path.samefile(a, b)
-    return a.rstrip("/") == b.rstrip("/")
-
-
 def get_cl_model(backbone: nn.Module, config: CLConfig) -> CLModel:
     """Attach the continual method described by ``config`` to ``backbone`` (PEFT's get_peft_model)."""
     return CLModel(backbone, config)
 
 
-__all__ = ["CLModel", "get_cl_model", "CONFIG_NAME", "WEIGHTS_NAME"]
+__all__ = [
+    "CLModel", "get_cl_model", "load_config", "backbone_fingerprint", "CONFIG_NAME", "WEIGHTS_NAME", "PEFT_CONFIG_NAME",
+    "PEFT_WEIGHTS_NAME",
+]

@@ -14,6 +14,7 @@ from hf_clroute import AutoCLModel, get_cl_model
 from hf_clroute.backbones import load_backbone, tiny_bert_config, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig, NCMConfig
 from hf_clroute.bench.cards import build_card
+from hf_clroute.errors import UserInputError
 from hf_clroute.io import push_folder
 from hf_clroute.model import CLModel, backbone_fingerprint
 from hf_clroute.model_card import minimal_card
@@ -50,7 +51,12 @@ def test_auto_model_loads_the_recorded_backbone_commit_from_the_hub(hub_server, 
     assert isinstance(processor, ViTImageProcessor)
     assert torch.equal(loaded.eval()(**PIXELS).logits, model(**PIXELS).logits)  # the backbone at the recorded commit
     assert loaded.predict(**PIXELS) == model.predict(**PIXELS)
-    latest = CLModel.from_pretrained(load_backbone(vit_repo)[0], adapter_repo).eval()
+    # The repo's latest weights are refused (same architecture, other weights), unless asked for.
+    with pytest.raises(UserInputError, match="other weights") as refused:
+        CLModel.from_pretrained(load_backbone(vit_repo)[0], adapter_repo)
+    assert str(refused.value).count("fingerprint w") == 2
+    with pytest.warns(UserWarning, match="allow_backbone_mismatch=True"):
+        latest = CLModel.from_pretrained(load_backbone(vit_repo)[0], adapter_repo, allow_backbone_mismatch=True)
     assert not torch.equal(latest(**PIXELS).logits, model(**PIXELS).logits)  # the commit is what made it identical
 
     card = metadata_load(hf_hub_download(adapter_repo, "README.md"))
@@ -80,6 +86,7 @@ def test_same_config_under_another_name_warns_and_loads(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the recorded backbone itself, or one built in memory: nothing to say
         CLModel.from_pretrained(load_backbone(saved_on)[0], tmp_path / "adapter")
+        torch.manual_seed(0)
         CLModel.from_pretrained(ViTModel(tiny_vit_config()), tmp_path / "adapter")
 
 
@@ -97,7 +104,8 @@ def test_auto_model_says_when_it_cannot_find_the_backbone(tmp_path):
     model.save_pretrained(tmp_path / "unnamed")
     with pytest.raises(ValueError, match="records no backbone"):
         AutoCLModel.from_pretrained(tmp_path / "unnamed")
-    for name, error, message in [("pretrained-vit:mnist", ValueError, "bench suite"),
+    for name, error, message in [("pretrained-vit:mnist", UserInputError, "no committed pretrained backbone"),
+                                 ("standin:vit-b16-small", UserInputError, "cannot build by name"),
                                  (str(tmp_path / "gone"), FileNotFoundError, "not on this machine")]:
         model.config.base_model_name_or_path = name
         model.save_pretrained(tmp_path / "named")

@@ -12,7 +12,7 @@ from hf_clroute import CLConfig, available_methods, get_cl_model
 from hf_clroute.backbones import tiny_bert_config, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig, NCMConfig
 from hf_clroute.methods.base import StepContext
-from hf_clroute.model import WEIGHTS_NAME, CLModel
+from hf_clroute.model import CONFIG_NAME, WEIGHTS_NAME, CLModel
 
 
 def tiny_vit(seed: int = 0) -> ViTModel:
@@ -61,7 +61,8 @@ def test_config_validation_names_the_field(make, field):
 def test_config_json_round_trip_sorted_and_dispatching(tmp_path):
     config = NCMConfig(metric="euclidean", base_model_name_or_path="some/model")
     config.save_pretrained(tmp_path)
-    text = (tmp_path / "adapter_config.json").read_text()
+    (written,) = tmp_path.glob("*.json")  # hf_clroute_config.json (adapter_config.json before 0.2)
+    text = written.read_text()
     keys = list(json.loads(text))
     assert keys == sorted(keys)
     loaded = CLConfig.from_pretrained(tmp_path)  # the base class dispatches on "method"
@@ -173,4 +174,4 @@ def test_unsupported_modality_for_method():
 
 def test_save_is_atomic_and_leaves_no_temp_files(tmp_path):
     _saved_finetune(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter_config.json", WEIGHTS_NAME]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CONFIG_NAME, WEIGHTS_NAME]

@@ -10,10 +10,10 @@ from peft import AutoPeftModel, PeftModel
 from safetensors import safe_open
 from transformers import BertModel, GPT2LMHeadModel, ViTImageProcessor, ViTModel
 
-from hf_clroute import AutoCLModel, CLConfig, get_cl_model
+from hf_clroute import AutoCLModel, get_cl_model
 from hf_clroute.backbones import char_lm_config, load_backbone, tiny_bert_config, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig, LoraBaselineConfig, PromptTuningBaselineConfig
-from hf_clroute.model import PEFT_LAYOUT_WEIGHTS_NAME, WEIGHTS_NAME, CLModel
+from hf_clroute.model import CONFIG_NAME, PEFT_WEIGHTS_NAME, WEIGHTS_NAME, CLModel, load_config
 
 
 def saved_backbone(path, model_cls, config):
@@ -38,9 +38,9 @@ def assert_peft_layout(directory, peft_type, base):
     peft_config = json.loads((directory / "adapter_config.json").read_text())
     assert peft_config["peft_type"] == peft_type and peft_config["base_model_name_or_path"] == base
     assert peft_config["inference_mode"] is True
-    with safe_open(str(directory / WEIGHTS_NAME), framework="pt") as handle:
+    with safe_open(str(directory / PEFT_WEIGHTS_NAME), framework="pt") as handle:
         peft_keys = set(handle.keys())
-    with safe_open(str(directory / PEFT_LAYOUT_WEIGHTS_NAME), framework="pt") as handle:
+    with safe_open(str(directory / WEIGHTS_NAME), framework="pt") as handle:
         our_keys = set(handle.keys())
     assert our_keys == {"head.weight", "head.bias"}  # the head beside PEFT's tensors, never inside them
     return peft_keys
@@ -50,7 +50,7 @@ def assert_our_reload_identical(model, make_backbone, directory, inputs):
     loaded = CLModel.from_pretrained(make_backbone(), directory).eval()
     with torch.no_grad():
         assert torch.equal(loaded(**inputs).logits, model(**inputs).logits)
-    assert CLConfig.from_pretrained(directory) == model.config
+    assert load_config(directory) == model.config
 
 
 def test_lora_on_vit_loads_with_peft_and_with_ours(tmp_path):
@@ -116,8 +116,8 @@ def test_other_methods_keep_our_format_and_a_resave_drops_the_peft_files(tmp_pat
     perturbed(get_cl_model(load_backbone(base)[0], LoraBaselineConfig(r=2))).save_pretrained(tmp_path / "adapter")
     finetune = perturbed(get_cl_model(load_backbone(base)[0], FinetuneConfig()))
     finetune.save_pretrained(tmp_path / "adapter")
-    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == ["adapter_config.json", WEIGHTS_NAME]
-    assert CLConfig.from_pretrained(tmp_path / "adapter") == finetune.config
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == [CONFIG_NAME, WEIGHTS_NAME]
+    assert load_config(tmp_path / "adapter") == finetune.config
 
 
 def test_a_plain_peft_adapter_is_pointed_to_peft(tmp_path):
@@ -126,4 +126,4 @@ def test_a_plain_peft_adapter_is_pointed_to_peft(tmp_path):
     model.save_pretrained(tmp_path / "adapter")
     (tmp_path / "adapter" / "hf_clroute_config.json").unlink()
     with pytest.raises(ValueError, match="PEFT LORA adapter.*peft.PeftModel.from_pretrained"):
-        CLConfig.from_pretrained(tmp_path / "adapter")
+        CLModel.from_pretrained(ViTModel.from_pretrained(base), tmp_path / "adapter")

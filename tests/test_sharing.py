@@ -10,6 +10,7 @@ import pytest
 import torch
 from huggingface_hub import hf_hub_download, list_repo_files, metadata_load
 
+from hf_clroute import AutoCLModel
 from hf_clroute.cli import main
 from hf_clroute.model import CLModel
 from hf_clroute.bench.report import write_benchmarks
@@ -46,9 +47,9 @@ def _predictions(model, suite):
 def test_push_card_and_load_by_repo_id(bench_run, tiny_suite, hub_server, hub_repo_id, capsys):
     assert main(["push", str(bench_run), "--repo-id", hub_repo_id, "--method", "finetune"]) == 0
     files = set(list_repo_files(hub_repo_id))
-    assert {"adapter_config.json", "adapter_model.safetensors", "README.md", "results.json",
+    assert {"hf_clroute_config.json", "hf_clroute_model.safetensors", "README.md", "results.json",
             "plots/average_accuracy.png", "plots/accuracy_matrix_finetune.png"} <= files
-    assert "plots/accuracy_matrix_ncm.png" not in files
+    assert "plots/accuracy_matrix_ncm.png" not in files and "adapter_config.json" not in files  # not a PEFT adapter
     # The model-index parses and carries the run's A_T.
     meta = metadata_load(hf_hub_download(hub_repo_id, "README.md"))
     results = meta["model-index"][0]["results"]
@@ -59,6 +60,8 @@ def test_push_card_and_load_by_repo_id(bench_run, tiny_suite, hub_server, hub_re
     local = CLModel.from_pretrained(load_suite_backbone(suite)[0], bench_run / "adapters" / "finetune")
     remote = CLModel.from_pretrained(load_suite_backbone(suite)[0], hub_repo_id)
     assert torch.equal(_predictions(local, suite), _predictions(remote, suite))
+    auto = AutoCLModel.from_pretrained(hub_repo_id)  # the repo id alone: the recorded backbone loads too
+    assert torch.equal(_predictions(auto, suite), _predictions(local, suite))
     # `hf-clroute evaluate` re-runs the evaluation from the repo id.
     assert main(["evaluate", "--adapter", hub_repo_id, "--suite", str(tiny_suite)]) == 0
     assert "average over 2 tasks" in capsys.readouterr().out
@@ -71,7 +74,7 @@ def test_push_card_and_load_by_repo_id(bench_run, tiny_suite, hub_server, hub_re
 def test_push_again_updates_in_place(bench_run, hub_server, hub_repo_id):
     assert main(["push", str(bench_run), "--repo-id", hub_repo_id, "--method", "ncm"]) == 0
     assert main(["push", str(bench_run), "--repo-id", hub_repo_id, "--method", "finetune"]) == 0
-    config = json.loads(open(hf_hub_download(hub_repo_id, "adapter_config.json", force_download=True)).read())
+    config = json.loads(open(hf_hub_download(hub_repo_id, "hf_clroute_config.json", force_download=True)).read())
     assert config["method"] == "finetune"
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from huggingface_hub import EvalResult, ModelCard
 
-from ..model_card import card_data, files_markdown, history_markdown, labels_markdown
+from ..model_card import DATASETS, build_markdown, card_data, files_markdown, history_markdown, labels_markdown
 from .settings import method_description
 
 TEMPLATE = Path(__file__).resolve().parent / "model_cards" / "adapter_card.md"
@@ -38,18 +38,21 @@ LIMITATIONS = (
 
 
 def build_card(results: dict[str, Any], method: str, repo_id: str, adapter_config: dict[str, Any], plots: list[str],
-               peft_format: bool = False) -> ModelCard:
+               peft_format: bool | str = False) -> ModelCard:
     """``adapter_config``: the adapter's own config as a dict (``CLConfig.to_dict()``); ``peft_format``:
-    whether its directory is in PEFT's format (see ``CLModel.save_pretrained``)."""
+    whether its directory is in PEFT's format (see ``CLModel.save_pretrained``), or the PEFT auto class
+    that loads it. The card carries the package's license, the suite's dataset (and the data a committed
+    backbone was pretrained on) with their licenses, the build commit and the library versions."""
     row = results["methods"][method]
     config = results["config"]
     base_model = adapter_config.get("base_model_name_or_path") or config.get("backbone", "")
-    metadata = card_data(adapter_config, tags=[results["suite"]], model_name=repo_id)
+    datasets = [str(config["dataset"])] if config.get("dataset") else []
+    metadata = card_data(adapter_config, tags=[results["suite"]], datasets=datasets, model_name=repo_id)
     eval_results = [
         EvalResult(
             task_type=metadata.pipeline_tag or "text-classification",
             task_name=f"continual learning ({config.get('scenario', 'class')}-incremental)",
-            dataset_type=str(config.get("dataset")),
+            dataset_type=DATASETS.get(str(config.get("dataset")), (str(config.get("dataset")), None))[0],
             dataset_name=results["suite"],
             metric_type=metric_type,
             metric_name=label,
@@ -87,4 +90,5 @@ def build_card(results: dict[str, Any], method: str, repo_id: str, adapter_confi
         history=history_markdown(adapter_config),
         from_adapter=results.get("from_adapter"),
         limitations=LIMITATIONS,
+        build=build_markdown(base_model, datasets),
     )

@@ -28,7 +28,6 @@ Public API
 
 from __future__ import annotations
 
-import hashlib
 import json
 import lzma
 import os
@@ -43,6 +42,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..pretrained_assets import ASSET_FILES, CHECKSUMS_NAME, COMPRESSED, installed_asset_path
+from ..pretrained_assets import sha256_file as _sha256
 from .probes import fit_logistic
 
 __all__ = [
@@ -59,10 +60,6 @@ __all__ = [
 ]
 
 REPORT_NAME = "pretrain_report.json"
-CHECKSUMS_NAME = "SHA256SUMS"  # `sha256sum -c SHA256SUMS` format, over the installed (decompressed) files
-ASSET_FILES = ("config.json", "preprocessor_config.json", "model.safetensors", REPORT_NAME, "README.md")
-# Only the weights are worth compressing; xz is lossless, so the installed file is byte-identical.
-COMPRESSED = {"model.safetensors": "model.safetensors.xz"}
 
 
 @dataclass(frozen=True)
@@ -133,23 +130,24 @@ def _is_complete(path: Path) -> bool:
 def pretrained_vit_path(recipe: str, build: bool = True, use_asset: bool = True, **train_overrides: Any) -> str:
     """Directory of the cached stand-in backbone ``recipe`` (``cache_dir()/models/<recipe>``).
 
-    When it is missing, it is installed from the package's committed asset
-    (:func:`asset_dir`; every file's sha256 checked against its ``SHA256SUMS``,
-    a mismatch is an error), which takes a second instead of 20 CPU minutes.
-    The asset was built with the default recipe, so it is skipped when
-    ``train_overrides`` (e.g. ``steps=20``, for tests, which should also point
-    ``HF_CLROUTE_CACHE`` elsewhere) are given or ``use_asset`` is false; then, if
-    ``build`` is true, the training function of ``training/pretrain_vit.py`` runs
-    in this process. Either way the files are written into a temporary sibling
-    directory that is renamed into place only when complete, so an interrupted
-    or concurrent install never leaves a half-written checkpoint under the final name.
+    With the package's committed asset (:func:`asset_dir`) the cached copy is that asset: installed
+    when missing, re-checked against its ``SHA256SUMS`` (once per process per file) and replaced
+    from the asset, with a warning, when it differs (an older build left in the cache); a damaged
+    asset is an error naming the file (:mod:`hf_clroute.pretrained_assets`). This takes a second
+    instead of 20 CPU minutes. The asset was built with the default recipe, so it is skipped when
+    ``train_overrides`` (e.g. ``steps=20``, for tests, which should also point ``HF_CLROUTE_CACHE``
+    elsewhere) are given or ``use_asset`` is false; then a complete cached build is used as it is,
+    or, if ``build`` is true, the training function of ``training/pretrain_vit.py`` runs in this
+    process, writing into a temporary sibling directory renamed into place only when complete.
     """
     get_recipe(recipe)
     final = models_dir() / recipe
+    asset = asset_dir(recipe) if use_asset and not train_overrides else None
+    if asset is not None:
+        return str(installed_asset_path(asset, final))
     if _is_complete(final):
         return str(final)
-    asset = asset_dir(recipe) if use_asset and not train_overrides else None
-    if asset is None and not build:
+    if not build:
         raise FileNotFoundError(
             f"pretrained ViT {recipe!r} is not built at {final}; call pretrained_vit_path({recipe!r}) "
             f"or run `python training/pretrain_vit.py --recipe {recipe} --out {final}`"
@@ -157,10 +155,7 @@ def pretrained_vit_path(recipe: str, build: bool = True, use_asset: bool = True,
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{recipe}.building-", dir=final.parent))
     try:
-        if asset is not None:
-            _install_asset(asset, tmp)
-        else:
-            _train_module().training_function(recipe, str(tmp), **train_overrides)
+        _train_module().training_function(recipe, str(tmp), **train_overrides)
         if final.exists() and not _is_complete(final):
             shutil.rmtree(final)  # debris of an interrupted `--out` run, never a finished checkpoint
         try:
@@ -185,47 +180,6 @@ def asset_dir(recipe: str) -> Path | None:
     """The committed asset of ``recipe`` (a directory with ``SHA256SUMS``), or None when absent."""
     path = assets_root() / get_recipe(recipe).name
     return path if (path / CHECKSUMS_NAME).is_file() else None
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _read_checksums(path: Path) -> dict[str, str]:
-    sums = {}
-    for line in path.read_text().splitlines():
-        if line.strip():
-            digest, name = line.split(maxsplit=1)
-            sums[name.lstrip("*")] = digest
-    return sums
-
-
-def _install_asset(asset: Path, out: Path) -> None:
-    """Copy (and decompress) ``asset`` into ``out``; every file must match ``SHA256SUMS``."""
-    sums = _read_checksums(asset / CHECKSUMS_NAME)
-    for name in ASSET_FILES:
-        stored = asset / COMPRESSED.get(name, name)
-        if name not in sums or not stored.is_file():
-            raise FileNotFoundError(f"pretrained-ViT asset {asset} is incomplete: it needs {stored.name} "
-                                    f"and its sha256 in {CHECKSUMS_NAME}")
-        expected = sums[name]
-        if name in COMPRESSED:
-            with lzma.open(stored) as src, open(out / name, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-        else:
-            shutil.copyfile(stored, out / name)
-        actual = _sha256(out / name)
-        if actual != expected:
-            raise ValueError(
-                f"pretrained-ViT asset {asset}: {name} has sha256 {actual}, but {CHECKSUMS_NAME} says {expected}; "
-                f"the asset is damaged (reinstall the package) or edited (rebuild it with "
-                f"`python training/pretrain_vit.py --recipe {asset.name} --out <dir> --asset`)"
-            )
-    shutil.copyfile(asset / CHECKSUMS_NAME, out / CHECKSUMS_NAME)
 
 
 def write_asset(checkpoint: str | os.PathLike, recipe: str, root: str | os.PathLike | None = None) -> Path:

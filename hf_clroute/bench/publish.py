@@ -8,15 +8,17 @@ import tempfile
 from pathlib import Path
 
 
-from ..config import PEFT_LAYOUT_CONFIG_NAME, CLConfig
-from ..io import push_folder
+from ..io import PEFT_CONFIG_NAME, push_folder, read_json
+from ..model import load_config
+from ..model_card import peft_auto_class
 
 
 def push_run(run_dir: str | os.PathLike, repo_id: str, *, method: str | None = None, **kwargs) -> str:
     """Push one method's adapter from a bench run, with its model card and plots, in one commit.
 
     ``run_dir`` is an ``hf-clroute bench --out`` directory (results.json, plots/,
-    adapters/<method>/). Everything is staged in a temporary directory first.
+    adapters/<method>/). Everything is staged in a temporary directory first. ``kwargs`` go to
+    :func:`hf_clroute.io.push_folder` (``token``, ``private``, ``revision``, ``create_pr``, ``timeout``).
     """
     import json
 
@@ -42,8 +44,10 @@ def push_run(run_dir: str | os.PathLike, repo_id: str, *, method: str | None = N
             shutil.copy2(run_dir / "plots" / name, stage / "plots" / name)
         one_method = {**results, "methods": {method: results["methods"][method]}}
         (stage / "results.json").write_text(json.dumps(one_method, indent=2, sort_keys=True) + "\n")
-        # Our config, in either layout (a PEFT method's adapter_config.json is PEFT's own).
-        adapter_config = CLConfig.from_pretrained(adapter_dir).to_dict()
-        peft_format = (adapter_dir / PEFT_LAYOUT_CONFIG_NAME).is_file()
+        # Our config, in any layout (a PEFT method's adapter_config.json is PEFT's own).
+        adapter_config = load_config(adapter_dir).to_dict()
+        peft_file = adapter_dir / PEFT_CONFIG_NAME
+        peft_type = read_json(peft_file).get("peft_type") if peft_file.is_file() else None
+        peft_format = peft_auto_class(read_json(peft_file).get("task_type")) if peft_type else False
         build_card(results, method, repo_id, adapter_config, plots, peft_format).save(stage / "README.md")
         return push_folder(stage, repo_id, what=f"{run_dir} (adapter {method})", **kwargs)

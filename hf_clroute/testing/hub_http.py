@@ -73,6 +73,7 @@ class Response:
     payload: Any = None  # JSON-encoded when not None
     file: Path | None = None  # streamed (with Range support) when set
     headers: dict[str, str] = field(default_factory=dict)
+    raw: bytes | None = None  # sent as it is (a fault mode's garbage answer)
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -98,6 +99,17 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self) -> None:
         self._body = self._iter_body()
+        fault = self.server.hub.fault
+        if fault == "hang":  # accept and never answer, until the fault is cleared or the server stops
+            self.server.hub.wait_while_hanging()
+            self.close_connection = True
+            return
+        if fault == "garbage":  # what a proxy or captive portal answers: 200 and HTML, not JSON
+            for _ in self.body_chunks():
+                pass
+            self._send(Response(raw=b"<html><body>Service temporarily unavailable</body></html>",
+                                headers={"Content-Type": "text/html"}))
+            return
         split = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(split.query).items()}
         try:
@@ -150,6 +162,8 @@ class _Handler(BaseHTTPRequestHandler):
             start, length, status = self._byte_range(size, response.status, headers)
             response.status = status
             headers.setdefault("Content-Type", "application/octet-stream")
+        elif response.raw is not None:
+            body, length = response.raw, len(response.raw)
         else:
             if response.payload is not None:
                 body = json.dumps(response.payload).encode()

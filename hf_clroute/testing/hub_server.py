@@ -30,6 +30,11 @@ Behaviour choices that mirror the Hub (and why):
 * Errors carry ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``,
   ``EntryNotFound``) and ``X-Error-Message`` headers, which is what
   ``huggingface_hub.utils.hf_raise_for_status`` maps to its exception classes.
+* Branches (``create_branch``) and pull requests (a commit with ``create_pr=1`` goes to a new
+  ``refs/pr/<n>``) are kept like any ref; discussions themselves are not implemented.
+* ``with server.faulty("garbage")`` answers every request with 200 and an HTML body (not JSON),
+  ``with server.faulty("hang")`` accepts every request and never answers, so tests can check
+  that the client's errors and timeouts name the server.
 
 Run by hand::
 
@@ -57,7 +62,8 @@ import threading
 import time
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -68,6 +74,7 @@ from .hub_store import LFS_SUFFIXES, OPS, HubError, HubStore, _check_path, _lfs_
 __all__ = ["HubServer", "HubError", "start_hub_server", "DEFAULT_USER"]
 
 DEFAULT_USER = "tester"
+FAULTS = ("garbage", "hang")
 LFS_THRESHOLD = 1_000_000
 URL_TYPES = {"models": "model", "datasets": "dataset"}  # /api/{models|datasets}/...
 URL_PREFIX = {"model": "", "dataset": "datasets/"}  # /{datasets/}{repo}/resolve/...
@@ -108,6 +115,7 @@ class HubServer:
         ("GET", API + r"/tree/(?P<rev>[^/]+)(?:/(?P<path>.+))?", "tree"),
         ("POST", API + r"/preupload/(?P<rev>[^/]+)", "preupload"),
         ("POST", API + r"/commit/(?P<rev>[^/]+)", "commit"),
+        ("POST", API + r"/branch/(?P<branch>[^/]+)", "create_branch"),
         ("POST", GIT + r"\.git/info/lfs/objects/batch", "lfs_batch"),
         ("PUT", r"/_lfs/(?P<oid>[0-9a-f]{64})", "lfs_put"),
         ("POST", r"/_lfs/(?P<oid>[0-9a-f]{64})/verify", "lfs_verify"),
@@ -132,6 +140,11 @@ class HubServer:
         self.lfs_threshold = lfs_threshold
         self.verbose = verbose
         self.unrouted: list[str] = []  # "METHOD /path" of every request no route matched
+        #: a fault to answer every request with, for tests of the client's error handling: None (serve),
+        #: "garbage" (200 with an HTML body, not JSON) or "hang" (accept, never answer)
+        self.fault: str | None = None
+        self._released = threading.Event()
+        self._released.set()
         self._secret = secrets.token_hex(16)  # "signs" LFS upload URLs
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -156,7 +169,24 @@ class HubServer:
             self._thread.start()
         return self
 
+    @contextmanager
+    def faulty(self, mode: str) -> Iterator[HubServer]:
+        """Answer every request with the fault ``mode`` ("garbage" or "hang") while the block runs."""
+        if mode not in FAULTS:
+            raise ValueError(f"unknown fault mode {mode!r}; known: {FAULTS}")
+        self.fault = mode
+        self._released.clear()
+        try:
+            yield self
+        finally:
+            self.fault = None
+            self._released.set()  # hung requests end (their connections close unanswered)
+
+    def wait_while_hanging(self) -> None:
+        self._released.wait()
+
     def stop(self) -> None:
+        self._released.set()
         httpd, self._httpd = self._httpd, None
         if httpd is not None:
             httpd.shutdown()
@@ -242,6 +272,14 @@ class HubServer:
         if not self.store.create_repo(rtype, repo_id, bool(private)):
             raise HubError(409, f"You already created this {rtype} repo: {repo_id}", extra={"url": url})
         return Response(payload={"url": url, "name": repo_id, "id": uuid.uuid4().hex[:24]})
+
+    def handle_create_branch(self, req: Request) -> Response:
+        """409 if it exists: the client treats that as success with exist_ok."""
+        rtype, repo_id, _ = self._repo(req, write=True)
+        start = (req.json() or {}).get("startingPoint")
+        if not self.store.create_branch(rtype, repo_id, req.params["branch"], start):
+            raise HubError(409, f"Reference already exists: {req.params['branch']}")
+        return Response(payload={})
 
     def handle_delete_repo(self, req: Request) -> Response:
         req.require_token()
@@ -387,8 +425,10 @@ class HubServer:
     def handle_commit(self, req: Request) -> Response:
         """NDJSON commit: a ``header`` line, then file/lfsFile/deletedFile/deletedFolder lines."""
         rtype, repo_id, _ = self._repo(req, write=True)
-        if req.flag("create_pr"):
-            raise HubError(501, "hub_server does not implement pull requests (create_pr=1)")
+        branch, pr_url = req.params["rev"], None
+        if req.flag("create_pr"):  # the commit goes to a new refs/pr/<n> opened from the branch's head
+            branch = self.store.open_pull_request(rtype, repo_id, branch)
+            pr_url = f"{req.base_url}/{URL_PREFIX[rtype]}{repo_id}/discussions/{branch.rsplit('/', 1)[1]}"
         try:
             lines = [json.loads(line) for line in req.body().splitlines() if line.strip()]
         except json.JSONDecodeError as err:
@@ -402,9 +442,9 @@ class HubServer:
             sys.stderr.write(f"[hub_server] UNSUPPORTED COMMIT OPERATION(S): {unknown}\n")
             raise HubError(400, f"hub_server does not implement commit operation(s) {unknown}")
         ops = [(line["key"], line.get("value") or {}) for line in lines[1:]]
-        sha = self.store.commit(rtype, repo_id, req.params["rev"], lines[0].get("value") or {}, ops)
+        sha = self.store.commit(rtype, repo_id, branch, lines[0].get("value") or {}, ops)
         url = f"{req.base_url}/{URL_PREFIX[rtype]}{repo_id}/commit/{sha}"
-        payload = {"success": True, "commitOid": sha, "commitUrl": url, "hookOutput": "", "pullRequestUrl": None}
+        payload = {"success": True, "commitOid": sha, "commitUrl": url, "hookOutput": "", "pullRequestUrl": pr_url}
         return Response(payload=payload)
 
     def handle_resolve(self, req: Request) -> Response:

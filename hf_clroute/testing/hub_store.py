@@ -166,6 +166,26 @@ class HubStore:
             self.save(state)
             return True
 
+    def create_branch(self, rtype: str, repo_id: str, branch: str, start: str | None) -> bool:
+        """A new branch at ``start`` (a branch or commit; main by default); False if it already exists."""
+        with self.lock:
+            state = self.load(rtype, repo_id)
+            if branch in state["refs"]:
+                return False
+            state["refs"][branch] = self.resolve(state, start or "main")["id"]
+            self.save(state)
+            return True
+
+    def open_pull_request(self, rtype: str, repo_id: str, base: str) -> str:
+        """A new ``refs/pr/<n>`` ref at the head of ``base``, as the Hub opens one for a commit with create_pr."""
+        with self.lock:
+            state = self.load(rtype, repo_id)
+            number = 1 + sum(ref.startswith("refs/pr/") for ref in state["refs"])
+            ref = f"refs/pr/{number}"
+            state["refs"][ref] = self.resolve(state, base)["id"]
+            self.save(state)
+            return ref
+
     def delete_repo(self, rtype: str, repo_id: str) -> None:
         with self.lock:
             self.load(rtype, repo_id)
