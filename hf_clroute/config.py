@@ -2,9 +2,10 @@
 
 Modelled on PEFT's ``PeftConfig``: a dataclass whose fields each carry a ``help``
 string, validated in ``__post_init__`` with errors that name the field, written as
-JSON with sorted keys to ``adapter_config.json``. ``method`` says which registered
-method the config belongs to, so ``CLConfig.from_pretrained`` can rebuild the right
-subclass from disk or from the Hub.
+JSON with sorted keys to ``hf_clroute_config.json`` (our own name: transformers and PEFT
+read ``adapter_config.json`` as theirs). ``method`` says which registered method the config
+belongs to, so ``CLConfig.from_pretrained`` can rebuild the right subclass from disk or from
+the Hub, in either layout (:func:`hf_clroute.io.adapter_config_file`).
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .io import atomic_write_text, resolve_pretrained_dir
+from .io import CONFIG_NAME, adapter_config_file, atomic_write_text, read_json, resolve_pretrained_dir
 from .metrics.continual import SCENARIOS
 
-CONFIG_NAME = "adapter_config.json"
-#: hf_clroute's config in a directory saved in PEFT's own format (LoRA, prompt tuning), where
-#: adapter_config.json is PEFT's (see ``CLModel.save_pretrained``)
-PEFT_LAYOUT_CONFIG_NAME = "hf_clroute_config.json"
+#: hf_clroute's config in a directory saved in PEFT's own format (LoRA, prompt tuning): since 0.2
+#: every layout's name (kept for code that imported it)
+PEFT_LAYOUT_CONFIG_NAME = CONFIG_NAME
 
 
 class LabelMap(dict):
@@ -287,22 +287,10 @@ class CLConfig:
     @classmethod
     def from_pretrained(cls, path_or_repo_id: str | os.PathLike, **hub_kwargs: Any) -> "CLConfig":
         directory = resolve_pretrained_dir(path_or_repo_id, **hub_kwargs)
-        config_file = directory / CONFIG_NAME
-        if not config_file.is_file():
-            raise FileNotFoundError(f"no {CONFIG_NAME} in {path_or_repo_id}")
-        data = _read_json(config_file)
-        if "peft_type" in data:  # PEFT's own config: ours lies beside it
-            config_file = directory / PEFT_LAYOUT_CONFIG_NAME
-            if not config_file.is_file():
-                raise ValueError(
-                    f"{path_or_repo_id} holds a PEFT {data['peft_type']} adapter without hf_clroute's "
-                    f"{PEFT_LAYOUT_CONFIG_NAME}; load it with peft.PeftModel.from_pretrained"
-                )
-            data = _read_json(config_file)
-        return cls.from_dict(data)
+        return cls.from_dict(read_json(adapter_config_file(directory, path_or_repo_id)))
 
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> str:
-        """Upload ``adapter_config.json`` alone (``CLModel.push_to_hub`` uploads the weights too)."""
+        """Upload the config file alone (``CLModel.push_to_hub`` uploads the weights too)."""
         import tempfile
 
         from .io import push_folder
@@ -311,9 +299,3 @@ class CLConfig:
             self.save_pretrained(tmp)
             return push_folder(tmp, repo_id, **{"what": f"this {self.method} adapter config", **kwargs})
 
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON (corrupted checkpoint?): {err}") from err
