@@ -330,3 +330,25 @@ def test_a_frozen_backbones_test_features_are_computed_once_with_the_same_scores
     assert runs[0][3] > 3 * len(stream)
     # a trained backbone's features change: none are kept
     assert not get_cl_model(ViTModel(cfg), FinetuneConfig()).reads_frozen_features()
+
+
+def test_cached_features_follow_the_features_precision_and_stay_float32(stream, monkeypatch):
+    """The bench's feature cache encodes under the ``features`` phase's autocast, stores float32 and says
+    what it chose; fp32 (the default for an unmeasured backbone) gives the features of a plain forward."""
+    from hf_clroute.bench.feature_cache import cache_stream_features
+    from hf_clroute.precision import ENV_VAR
+
+    cfg = tiny_vit_config()
+    collator = ImageCollator(cfg.image_size, num_channels=cfg.num_channels)
+    torch.manual_seed(0)
+    backbone = ViTModel(cfg)
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    cached = {}
+    for setting in ("fp32", "bf16", None):
+        experiences, _ = cache_stream_features(backbone, stream[:1], collator, precision=setting)
+        cached[setting] = torch.from_numpy(np.asarray(experiences[0].test[:]["features"]))
+        assert cached[setting].dtype == torch.float32
+        assert experiences[0].info["feature_precision"]["dtype"] == ("bf16" if setting == "bf16" else "fp32")
+    assert torch.equal(cached["fp32"], cached[None])  # auto: the tiny ViT was never measured faster in bf16
+    assert not torch.equal(cached["fp32"], cached["bf16"])
+    assert torch.allclose(cached["fp32"], cached["bf16"], atol=0.1, rtol=0.05)
