@@ -105,7 +105,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     flags = {"checkpoint_every": args.checkpoint_every, "stop_after_steps": args.stop_after_steps,
              "progress": False if args.no_progress else None}
     flags = {**{k: v for k, v in flags.items() if v is not None}, **precision_overrides(args.precision)}
-    resume = "resume-or-start" if args.resume_or_start else "resume" if args.resume else None
+    resume = ("resume-or-start" if args.resume_or_start else "resume" if args.resume else
+              "restart" if args.restart else None)
     train(config, resume=resume, flags=flags, show_settings=args.show_settings)
     return 0
 
@@ -256,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "none, or when it was written for another suite or other settings")
     resume.add_argument("--resume-or-start", action="store_true",
                         help="continue from the latest checkpoint when there is one, else start fresh")
+    resume.add_argument("--restart", action="store_true",
+                        help="remove the checkpoints already in <output-dir>/checkpoints and start fresh (without "
+                             "it, a directory holding checkpoints is refused rather than overwritten)")
     train.add_argument("--checkpoint-every", type=int, default=None, metavar="N",
                        help="also checkpoint every N global steps (checkpoints are always written at task ends)")
     train.add_argument("--stop-after-steps", type=int, default=None, metavar="N",

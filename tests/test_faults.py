@@ -193,9 +193,11 @@ def test_resume_before_any_checkpoint_says_so_and_starts_only_when_asked(suite_f
     assert not (out / "checkpoints").exists()
     assert train(str(suite_file), out, "--resume-or-start") == 0
     assert json.loads((out / "result.json").read_text())["accuracy_matrix"] == uninterrupted
-    # A second fresh start in the same directory would replace its checkpoints: refused.
+    # A second fresh start in the same directory would replace its checkpoints: refused, unless asked for.
     fails(["train", "--suite", str(suite_file), "--method", "finetune", "--output-dir", str(out)], capsys,
-          "already holds checkpoints", "--resume")
+          "already holds checkpoints", "--resume", "--restart")
+    assert train(str(suite_file), out, "--restart", "--stop-after-steps", "1") == 0
+    assert not checkpoint.list_checkpoints(out / "checkpoints")  # the old run's went; none written in 1 step
 
 
 def test_a_changed_suite_is_refused_before_any_checkpoint_is_touched(suite_file, tmp_path, capsys, uninterrupted):

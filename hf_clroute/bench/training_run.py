@@ -17,8 +17,9 @@ came from) to ``<output_dir>/result.json``.
 
 Resuming is explicit: ``resume="resume"`` continues from the latest checkpoint and refuses when
 there is none or when it was written for another suite or other settings; ``"resume-or-start"``
-starts fresh when there is none; without either, a directory that already holds checkpoints is
-refused rather than overwritten.
+starts fresh when there is none; ``"restart"`` removes the directory's checkpoints and starts
+fresh; without any of them, a directory that already holds checkpoints is refused rather than
+overwritten.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import make_accelerator
-from ..engine.checkpoint import LATEST, list_checkpoints
+from ..engine.checkpoint import LATEST, list_checkpoints, remove_checkpoints
 from ..errors import ResumeError, UserInputError
 from ..io import atomic_write_text
 from .classification import adapter_method, run_method, summarize_result
@@ -38,7 +39,7 @@ from .suites import SuiteConfig, suite_from_dict
 
 #: the fields of a run config
 RUN_CONFIG_FIELDS = ("suite", "method", "seed", "quick", "training", "output_dir", "from_adapter")
-RESUME_MODES = (None, "resume", "resume-or-start")
+RESUME_MODES = (None, "resume", "resume-or-start", "restart")
 
 
 def load_run_config(path: str | None, **flags: Any) -> dict[str, Any]:
@@ -110,9 +111,9 @@ def resume_root(checkpoint_dir: str, mode: str | None) -> str | None:
         return str(root)
     if mode == "resume-or-start":
         return str(root) if found else None
-    if found:
+    if found and mode != "restart":
         raise ResumeError(f"{root} already holds checkpoints of a run: pass --resume to continue it, or choose "
-                          "another --output-dir (a fresh start here would replace them)")
+                          "another --output-dir, or pass --restart to remove them and start fresh")
     return None
 
 
@@ -129,6 +130,9 @@ def train(config: dict[str, Any], resume: str | None = None, flags: dict[str, An
         raise UserInputError("--resume needs a checkpoint directory: training.checkpoint_dir is null")
     accelerator = make_accelerator(training)
     refuse_ignored_fsdp(accelerator)
+    if resume == "restart" and accelerator.is_main_process and training.checkpoint_dir:
+        remove_checkpoints(Path(training.checkpoint_dir))  # asked for by name: the old run's are not kept
+    accelerator.wait_for_everyone()
     out = Path(config["output_dir"])
     result, model, settings = run_method(
         suite, config["method"], training.seed, accelerator=accelerator, resume_from=resume_from,

@@ -177,6 +177,16 @@ def prune_checkpoints(root: Path, keep: int) -> list[Path]:
     return removed
 
 
+def remove_checkpoints(root: Path) -> None:
+    """Every checkpoint under ``root`` and its ``latest`` (a run restarted from scratch by request)."""
+    if (root / LATEST).is_file():
+        (root / LATEST).unlink()
+    for path in list_checkpoints(root):
+        remove_checkpoint(path)
+    for leftover in root.glob(".trash-ckpt-*"):
+        _remove_tree(leftover)
+
+
 def find_checkpoint(resume_from: str | Path) -> Path:
     """A checkpoint directory, or the one a checkpoint root's ``latest`` names.
 
