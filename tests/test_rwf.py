@@ -604,7 +604,7 @@ def test_frozen_routers_stay_frozen_after_reload(tmp_path):
     model.method.on_task_end(model, None, None)
     assert not any(p.requires_grad for p in model.method.routers.parameters())
     model.save_pretrained(tmp_path / "a")
-    reloaded = CLModel.from_pretrained(tiny_vit(), tmp_path / "a")
+    reloaded = CLModel.from_pretrained(tiny_vit(), tmp_path / "a", is_trainable=True)  # to continue training
     assert reloaded.method.tasks_done == 1
     assert not any(p.requires_grad for p in reloaded.method.routers.parameters())
     assert all(p.requires_grad for p in reloaded.head.parameters())
