@@ -32,6 +32,7 @@ the patch overlap between domains (``patch_overlap``).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
@@ -49,16 +50,21 @@ from ..baselines.finetune import FinetuneConfig
 from ..char_tokenizer import CharTokenizer
 from ..config import CLConfig
 from ..data import CausalLMCollator, load_text_corpus, text_domains
-from ..engine import ContinualTrainer, TrainingConfig, make_accelerator
+from ..engine import TrainingConfig, make_accelerator
 from ..baselines.finetune import FfnFinetuneConfig
-from ..methods.apn import ApnConfig, PatchFFN, patch_overlap
+from ..methods.apn import ApnConfig, PatchFFN, patch_overlap, usage_per_domain
 from ..metrics import mean_std, perplexity_retention, retention
 from ..model import get_cl_model
+from ..errors import UserInputError
+from .lr_schedule import EVALUATE_ONLY, LRSchedule, ScheduledTrainer
 from .settings import merged_method_settings, registered_method
 from .results import write_run
 from .suites import load_suite, merge_seed_runs
 
 ARCHITECTURES = ("dense", "apn")
+LRSCHEDULE_FIELDS = {f.name for f in dataclasses.fields(LRSchedule)}
+#: APN fields that act only from the second domain on: variants differing in them share domain A's run
+AFTER_FIRST_DOMAIN = ("adapt_params", "freeze_routing_after_first_task")
 ADAPTATIONS = ("all", "ffn")
 
 
@@ -78,6 +84,13 @@ class CharLMSuite:
     test_chars: int = field(default=50_000, metadata={"help": "Held-out characters per domain."})
     training: dict[str, Any] = field(default_factory=dict, metadata={"help": "TrainingConfig fields, for every variant."})
     methods: list[str] = field(default_factory=list, metadata={"help": "Variants '<dense|apn>-<all|ffn>' run by default."})
+    phases: list[dict[str, Any]] = field(default_factory=list, metadata={"help": (
+        "Optional, one per domain: an LRSchedule (steps, learning_rate, warmup_steps, schedule, min_lr_ratio) that "
+        "domain trains under, with a fresh optimiser: e.g. domain A to convergence, B under an adaptation budget. "
+        "Each domain then trains for exactly its steps (its windows reshuffled and repeated as needed; "
+        "training.epochs and train_chars only pick the text), and variants that differ only after domain A "
+        "(adaptation scope, routing frozen after A) branch from one shared run on A per seed. "
+        "Empty: every domain trains epochs x train_chars at training.learning_rate.")})
     quick: dict[str, Any] = field(default_factory=dict, metadata={"help": "Overrides of the fields above for --quick."})
     description: str = field(default="", metadata={"help": "What the suite measures."})
     bases: list[str] = field(default_factory=list, metadata={
@@ -85,7 +98,21 @@ class CharLMSuite:
 
     @classmethod
     def load(cls, name_or_path: str, quick: bool = False) -> "CharLMSuite":
-        return load_suite(cls, name_or_path, quick)
+        suite = load_suite(cls, name_or_path, quick)
+        if suite.phases and len(suite.phases) != len(suite.domains):
+            raise UserInputError(f"charlm suite {suite.name!r}: {len(suite.phases)} phases for "
+                                 f"{len(suite.domains)} domains (give one per domain, or none)")
+        suite.schedules()  # each phase checked now, naming its field
+        return suite
+
+    def schedules(self) -> list[LRSchedule]:
+        out = []
+        for i, phase in enumerate(self.phases):
+            if not isinstance(phase, dict) or set(phase) - LRSCHEDULE_FIELDS:
+                raise UserInputError(f"charlm suite {self.name!r}: phases[{i}] must be an object with fields "
+                                     f"{sorted(LRSCHEDULE_FIELDS)}, got {phase!r}")
+            out.append(LRSchedule(**phase))
+        return out
 
 
 def is_architecture(name: str) -> bool:
@@ -175,7 +202,18 @@ def build_stream(suite: CharLMSuite, seed: int) -> tuple[list, CharTokenizer]:
         for e in stream
     ]
     texts = [t for e in stream for split in (e.train, e.test) for t in split["text"]]
+    if suite.phases:
+        batch = suite.training.get("batch_size", TrainingConfig.batch_size)
+        stream = [dataclasses.replace(e, train=exactly(e.train, phase.steps * batch, seed))
+                  for e, phase in zip(stream, suite.schedules(), strict=True)]
     return stream, CharTokenizer.from_corpus(texts)
+
+
+def exactly(train: Dataset, n: int, seed: int) -> Dataset:
+    """``n`` training windows: whole reshufflings of ``train`` (seeded) one after another, cut at ``n``."""
+    rng = np.random.default_rng([seed, len(train)])
+    order = np.concatenate([rng.permutation(len(train)) for _ in range(-(-n // len(train)))])[:n]
+    return train.select(order).flatten_indices()
 
 
 # ------------------------------------------------------------------ cost
@@ -199,36 +237,105 @@ def param_counts(model: GPT2LMHeadModel) -> dict[str, int]:
 
 
 # ------------------------------------------------------------------ running
-def run_variant(suite: CharLMSuite, variant: str, seed: int, stream: list, tokenizer: CharTokenizer, progress: bool) -> dict:
+def new_model(suite: CharLMSuite, variant: str, seed: int, tokenizer: CharTokenizer) -> Any:
     torch.manual_seed(seed)  # the same initial attention/embedding weights for every variant of a seed
     backbone = GPT2LMHeadModel(char_lm_config(len(tokenizer), n_positions=suite.block_size, **suite.model))
-    model = get_cl_model(backbone, variant_config(suite, variant))
+    return get_cl_model(backbone, variant_config(suite, variant))
+
+
+def train(model: Any, suite: CharLMSuite, stream: list, tokenizer: CharTokenizer, seed: int, progress: bool,
+          schedules: list[LRSchedule | str | None] | None = None) -> tuple[Any, float, list[list[float]]]:
+    """(StreamResult, wall seconds, the rate of every step per task) of ``model`` over ``stream``."""
     training = TrainingConfig(**{**suite.training, "seed": seed, "progress": progress})
     started = time.perf_counter()
-    trainer = ContinualTrainer(model, stream, training, CausalLMCollator(tokenizer, suite.block_size), make_accelerator(training))
+    trainer = ScheduledTrainer(model, stream, training, CausalLMCollator(tokenizer, suite.block_size),
+                               make_accelerator(training), schedules=schedules or [])
     result = trainer.fit()
+    return result, time.perf_counter() - started, trainer.lr_history
+
+
+def make_row(model: Any, variant: str, seed: int, suite: CharLMSuite, results: list, wall_s: float) -> dict:
+    """One variant's per-seed row; ``results``: its StreamResults in order (the last has the whole matrix)."""
+    result = results[-1]
     P = result.accuracy_matrix
+    samples = sum(r.train_samples for r in results)
+    seconds = sum(r.train_seconds for r in results)
     row = {
         "seed": seed,
         "ppl_matrix": P,
-        "untrained_ppl": result.untrained_accuracy,
+        "untrained_ppl": results[0].untrained_accuracy,
         "retention": retention(P, domain=0, after=1) if len(P) > 1 else 1.0,
         "retention_final": perplexity_retention(P)["retention"],
         "adaptation": [P[t][t] for t in range(1, len(P))],
-        "train_samples_per_s": result.train_samples_per_s,
-        "train_tokens_per_s": result.train_samples_per_s * suite.block_size,
+        "train_samples_per_s": samples / seconds if seconds else 0.0,
+        "train_tokens_per_s": (samples / seconds if seconds else 0.0) * suite.block_size,
         "infer_samples_per_s": result.infer_samples_per_s,
-        "peak_mem_mb": result.peak_mem_mb,
+        "peak_mem_mb": max(r.peak_mem_mb for r in results),
         "trainable_params": int(result.params["trainable_params"]),
         "trainable_pct": float(result.params["trainable_pct"]),
-        "wall_s": time.perf_counter() - started,
-        **param_counts(backbone),
-        **flops_per_token(backbone, suite.block_size),
+        "wall_s": wall_s,
+        **param_counts(model.backbone),
+        **flops_per_token(model.backbone, suite.block_size),
     }
     if parse_variant(variant)[0] != "dense":
         row["patch_usage"] = model.method.patch_usage.tolist()
         row["patch_overlap"] = patch_overlap(model.method.patch_usage)
+        row["patch_usage_per_domain"] = usage_per_domain(model.method.patch_usage)
     return row
+
+
+def run_variant(suite: CharLMSuite, variant: str, seed: int, stream: list, tokenizer: CharTokenizer, progress: bool) -> dict:
+    """A variant over the whole stream at the training config's constant rate (a suite without phases)."""
+    model = new_model(suite, variant, seed, tokenizer)
+    result, wall, _ = train(model, suite, stream, tokenizer, seed, progress)
+    return make_row(model, variant, seed, suite, [result], wall)
+
+
+def first_domain_key(suite: CharLMSuite, variant: str) -> str:
+    """Variants with the same key train identically on domain A: the architecture and its settings
+    but for the fields that act only from the second domain on."""
+    arch, _ = parse_variant(variant)
+    if arch == "dense":
+        return "dense"
+    settings = {k: v for k, v in apn_settings(suite, arch).items() if k not in AFTER_FIRST_DOMAIN}
+    return "apn " + json.dumps(settings, sort_keys=True)
+
+
+def branch(trained: Any, suite: CharLMSuite, variant: str) -> Any:
+    """A copy of a model trained on domain A, set to train the later domains as ``variant``."""
+    config = variant_config(suite, variant)
+    if parse_variant(variant)[0] == "dense":  # the dense methods keep no state: the trained weights under its method
+        return get_cl_model(copy.deepcopy(trained.backbone), config)
+    model = copy.deepcopy(trained)  # patch usage of domain A included
+    for name in AFTER_FIRST_DOMAIN:  # read from the second task on (Apn.on_task_start); the config object is shared
+        setattr(model.config, name, getattr(config, name))
+    return model
+
+
+def run_phased(suite: CharLMSuite, variants: list[str], seed: int, stream: list, tokenizer: CharTokenizer,
+               progress: bool) -> dict[str, dict]:
+    """Every variant under the suite's phases; variants that differ only after domain A branch from one
+    run on A. The later domains then train on a stream whose first domain is read without training,
+    so its row is the trained model's on every domain and the method sees the later domains as tasks 1, 2, ..."""
+    schedules = suite.schedules()
+    # Domain A keeps one window (an experience needs training data), read without training.
+    rest = [dataclasses.replace(stream[0], train=stream[0].train.select([0])), *stream[1:]]
+    groups: dict[str, list[str]] = {}
+    for variant in variants:
+        groups.setdefault(first_domain_key(suite, variant), []).append(variant)
+    rows = {}
+    for members in groups.values():
+        first = new_model(suite, members[0], seed, tokenizer)
+        result_a, wall_a, lr_a = train(first, suite, stream[:1], tokenizer, seed, progress, schedules[:1])
+        for variant in members:
+            model = branch(first, suite, variant)
+            result, wall, lr_rest = train(model, suite, rest, tokenizer, seed, progress, [EVALUATE_ONLY, *schedules[1:]])
+            row = make_row(model, variant, seed, suite, [result_a, result], wall_a + wall)
+            row["first_domain_wall_s"] = wall_a
+            row["phase_lr"] = [{"steps": len(h), "first": h[0], "peak": max(h), "last": h[-1]}
+                               for h in [lr_a[0], *lr_rest[1:]] if h]
+            rows[variant] = row
+    return rows
 
 
 def _stat(runs: list[dict], get) -> dict[str, float]:
@@ -255,6 +362,11 @@ def aggregate_variant(runs: list[dict]) -> dict[str, Any]:
             key: np.mean([r["patch_overlap"][key] for r in runs], axis=0).round(4).tolist()
             for key in runs[0]["patch_overlap"]
         }
+    if all("patch_usage_per_domain" in r for r in runs):
+        out["patch_usage_per_domain"] = [
+            {k: _stat(runs, lambda r, t=t, k=k: r["patch_usage_per_domain"][t][k]) for k in runs[0]["patch_usage_per_domain"][t]}
+            for t in range(T)
+        ]
     return out
 
 
@@ -268,8 +380,9 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     for seed in seeds:
         stream, tokenizer = build_stream(suite, seed)
+        phased = run_phased(suite, variants, seed, stream, tokenizer, progress) if suite.phases else {}
         for variant in variants:
-            row = run_variant(suite, variant, seed, stream, tokenizer, progress)
+            row = phased.get(variant) or run_variant(suite, variant, seed, stream, tokenizer, progress)
             runs[variant].append(row)
             print(f"[{suite.name}] seed {seed} {variant}: PPL_A {row['ppl_matrix'][0][0]:.2f} -> "
                   f"{row['ppl_matrix'][1][0]:.2f} after B (retention {row['retention']:.2f}), "
@@ -307,11 +420,18 @@ def results_markdown(results: dict) -> str:
     model = ", ".join(f"{k}={v}" for k, v in cfg["model"].items())
     epochs = cfg.get("training", {}).get("epochs", 1)
     passes = "one pass" if epochs == 1 else f"{epochs} passes (epochs)"
+    if cfg.get("phases"):  # each domain trains for its own steps under its own schedule
+        batch = cfg.get("training", {}).get("batch_size", TrainingConfig.batch_size)
+        passes = "; ".join(
+            f"{d}: {p['steps']} steps of {batch} windows at peak rate {p['learning_rate']:g} "
+            f"({p.get('warmup_steps', 0)} warm-up, then {p.get('schedule', 'cosine')}"
+            f"{' to ' + format(p.get('min_lr_ratio', 0.1), 'g') + ' x peak' if p.get('schedule', 'cosine') == 'cosine' else ''})"
+            for d, p in zip(domains, cfg["phases"])) + ", a fresh AdamW per domain; windows cut from"
     lines = [
         f"# {results['suite']} (seeds {', '.join(map(str, results['seeds']))}{', quick' if results['quick'] else ''})",
         "",
         f"Char-level GPT-2 ({model}, context {cfg['block_size']}) trained from scratch on "
-        f"{' -> '.join(domains)}, {passes} over {cfg['train_chars']:,} characters per domain; perplexity on "
+        f"{' -> '.join(domains)}, {passes} {'' if cfg.get('phases') else 'over '}{cfg['train_chars']:,} characters per domain; perplexity on "
         f"{cfg['test_chars']:,} held-out characters per domain. APN: {json.dumps(cfg['apn'], sort_keys=True)}. "
         "Mean ± std over seeds. Retention = PPL_A after B / PPL_A after A (1 = no forgetting). "
         "Adaptation = PPL on a domain right after training on it. `all`: every weight trains on every domain; "
@@ -350,6 +470,13 @@ def results_markdown(results: dict) -> str:
             w, j = m["patch_overlap"]["weighted_jaccard"], m["patch_overlap"]["jaccard"]
             lines += [f"| {domains[s]} vs {domains[t]} | {w[s][t]:.3f} | {j[s][t]:.3f} |"
                       for s in range(len(domains)) for t in range(s + 1, len(domains))]
+        if "patch_usage_per_domain" in m:
+            lines += ["", f"{name} patch usage per domain while training on it (mean ± std over seeds; per bank, "
+                      "averaged over banks): patches holding 80% of its assignments, usage entropy / log K, and the "
+                      f"share of its assignments in {domains[0]}'s 80% patches:", "",
+                      "| domain | patches (80%) | entropy | share in first domain's patches |", "|---|---|---|---|"]
+            lines += [f"| {domains[t]} | {_f(u['patches_covering'], 1)} | {_f(u['usage_entropy'], 3)} | "
+                      f"{_f(u['share_in_first_cover'], 3)} |" for t, u in enumerate(m["patch_usage_per_domain"])]
     return "\n".join(lines) + "\n"
 
 

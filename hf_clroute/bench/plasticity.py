@@ -37,6 +37,7 @@ by 1/sqrt(width)). The function never changes; the input distribution drifts slo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -523,7 +524,8 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
             print(f"[{suite.name}] seed {seed} {method}: first {r['first_window']:.4f} last {r['last_window']:.4f} "
                   f"erank {r['erank_first']:.1f}->{r['erank_last']:.1f} ({r['wall_s']:.0f}s)", flush=True)
     header = {"suite": suite.name, "seeds": list(seeds), "quick": quick,
-              "config": {k: v for k, v in suite.__dict__.items() if k != "quick"}}
+              # the dataclass fields only: the loader also notes the suite's file (source_file) on the object
+              "config": {f.name: getattr(suite, f.name) for f in dataclasses.fields(suite) if f.name != "quick"}}
     return write_results(header, runs, out)
 
 

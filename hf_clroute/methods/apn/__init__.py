@@ -3,9 +3,9 @@
 
 from ...registry import register_method
 from .config import ApnConfig
-from .method import Apn, patch_overlap
+from .method import Apn, patch_overlap, usage_per_domain
 from .patch_ffn import PatchFFN
 
 register_method(ApnConfig, Apn)
 
-__all__ = ["Apn", "ApnConfig", "PatchFFN", "patch_overlap"]
+__all__ = ["Apn", "ApnConfig", "PatchFFN", "patch_overlap", "usage_per_domain"]

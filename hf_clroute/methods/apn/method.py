@@ -18,6 +18,7 @@ during training (``patch_usage``, saved with the adapter), which
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -171,3 +172,30 @@ def patch_overlap(usage: torch.Tensor, coverage: float = 0.8) -> dict[str, list[
             ratio = torch.minimum(dist[s], dist[t]).sum(-1) / torch.maximum(dist[s], dist[t]).sum(-1).clamp_min(1e-12)
             wjac[s][t] = float(ratio.mean()) if banks else 0.0
     return {"jaccard": jac, "weighted_jaccard": wjac}
+
+
+def usage_per_domain(usage: torch.Tensor, coverage: float = 0.8) -> list[dict[str, float]]:
+    """How each task (domain) used the patches, from ``Apn.patch_usage`` (tasks, banks, K); per task,
+    averaged over banks:
+
+    ``assignments``: top-k assignments counted while training it (summed over banks);
+    ``patches_covering``: how many patches hold ``coverage`` of them (K = spread over every patch);
+    ``usage_entropy``: entropy of its usage distribution over log K (1 = uniform over all patches);
+    ``share_in_first_cover``: the share of its assignments that land in the first task's covering set
+    (for the first task itself, about ``coverage``); a local update keeps this low for later tasks.
+    """
+    tasks, banks, K = usage.shape
+    out = []
+    for t in range(tasks):
+        dist = usage[t] / usage[t].sum(-1, keepdim=True).clamp_min(1)
+        entropy = -(dist * dist.clamp_min(1e-300).log()).sum(-1) / max(math.log(K), 1e-12)
+        covering = [covering_set(usage[t, b], coverage) for b in range(banks)]
+        first = [sorted(covering_set(usage[0, b], coverage)) for b in range(banks)]
+        in_first = [float(dist[b, first[b]].sum()) for b in range(banks)]
+        out.append({
+            "assignments": float(usage[t].sum()),
+            "patches_covering": sum(len(c) for c in covering) / max(banks, 1),
+            "usage_entropy": float(entropy.mean()) if banks else 0.0,
+            "share_in_first_cover": sum(in_first) / max(banks, 1),
+        })
+    return out

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# APN in the paper's LM setting (issue 32): Shakespeare (A) with warm-up + cosine, then the King James
+# Bible (B) under a stated adaptation budget; dense and APN, all-parameter and FFN-only adaptation,
+# routing frozen after A (suite charlm-shakespeare-kjv), and APN's other locality options (LOCALITY=1:
+# per-patch encoders and a long balance horizon, each needing its own run on A).
+#   scripts/apn_repro.sh            seeds 0,1,2 (SEEDS= a subset), one job per seed, then merged
+#   scripts/apn_repro.sh merge      merge the per-seed runs and write the paired comparisons
+# Output: results/apn-shakespeare-kjv (results.json, results.md, paired.json).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-.venv/bin}
+export OMP_NUM_THREADS=1 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
+runs=results/apn-shakespeare-kjv-runs
+out=results/apn-shakespeare-kjv
+methods=dense-all,dense-ffn,apn-all,apn-ffn,apn-frozen-routing-all
+[ "${LOCALITY:-0}" = 1 ] && methods=$methods,apn-per-patch-all,apn-lb-horizon-all
+merge() {
+  "$BIN/hf-clroute" merge --out "$out" "$runs"/seed*
+  # Paired (per-seed) differences: APN's retention and adaptation against dense's, per adaptation scope.
+  "$BIN/python" scripts/paired_rows.py "$out/results.json" "$out/paired.json" \
+      retention:apn-all/dense-all retention:apn-ffn/dense-ffn retention:apn-frozen-routing-all/dense-all \
+      adaptation:apn-all/dense-all adaptation:apn-ffn/dense-ffn
+}
+if [ "${1:-}" = merge ]; then merge; exit 0; fi
+for seed in ${SEEDS:-0 1 2}; do
+  "$BIN/hf-clroute" bench --suite charlm-shakespeare-kjv --methods "$methods" --seeds "$seed" \
+      --out "$runs/seed$seed" --no-progress
+done
+merge

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# QOA's plasticity claim in its regime (issue 32): 7x7 permuted MNIST, 120 tasks x 200 steps with Adam at
+# lr 0.01, where plain backprop loses plasticity; continual backprop and QOA on the same stream
+# (suite permuted-mnist-plasticity; QOA's support size and why are in the suite's description).
+#   scripts/qoa_plasticity.sh          seeds 0,1,2 (SEEDS= a subset), one job per seed, then merged
+#   scripts/qoa_plasticity.sh merge    merge the per-seed runs and write the paired comparisons
+# Output: results/qoa-plasticity (results.json, results.md, plasticity.png, paired.json).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-.venv/bin}
+export OMP_NUM_THREADS=1 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
+runs=results/qoa-plasticity-runs
+out=results/qoa-plasticity
+merge() {
+  "$BIN/hf-clroute" merge --out "$out" "$runs"/seed*
+  "$BIN/python" scripts/paired_rows.py "$out/results.json" "$out/paired.json" \
+      last_window:qoa/backprop last_window:qoa/cbp plasticity_drop:qoa/backprop plasticity_drop:cbp/backprop \
+      erank_last:qoa/backprop
+}
+if [ "${1:-}" = merge ]; then merge; exit 0; fi
+for seed in ${SEEDS:-0 1 2}; do
+  "$BIN/hf-clroute" bench --suite permuted-mnist-plasticity --seeds "$seed" --out "$runs/seed$seed" --no-progress
+done
+merge

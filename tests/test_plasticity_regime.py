@@ -1,0 +1,42 @@
+"""QOA's plasticity claim in its regime (issue 32): the committed suite is the regime the issue asks
+for, QOA's support really has the stated size, and the runner writes its results."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from hf_clroute.bench.plasticity import build_learner, load_plasticity_suite, run
+
+
+def test_the_regime_suite_is_plain_backprop_against_continual_backprop_and_qoa():
+    suite = load_plasticity_suite("permuted-mnist-plasticity", quick=False)
+    assert suite.kind == "permuted-mnist" and suite.image_size == 7
+    assert {"backprop", "cbp", "qoa"} <= set(suite.methods)
+    # enough steps per task and tasks for backprop to lose plasticity: 200 steps x 120 tasks
+    assert suite.train_per_task // suite.batch_size >= 200 and suite.n_tasks >= 100
+    # the support is drawn from one task's sub-buffer, which must hold at least that many items
+    assert suite.qoa["support_size"] <= suite.qoa["buffer_size"] <= suite.train_per_task
+
+
+def test_qoa_support_has_the_configured_size_once_the_task_buffer_holds_it():
+    suite = load_plasticity_suite("permuted-mnist-plasticity", quick=True)
+    learner = build_learner("qoa", suite, 49, seed=0).learner
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.rand(suite.qoa["buffer_size"], 49, generator=g), torch.randint(0, 10, (suite.qoa["buffer_size"],), generator=g)
+    for xb, yb in zip(x.split(10), y.split(10)):
+        learner.observe(xb, yb, task=3)
+    _, support_x, support_y = learner.prepare(x[:5], task=3, train=True)
+    assert len(support_x) == suite.qoa["support_size"] == len(support_y)
+    assert learner.prepare(x[:5], task=4, train=True) is None  # another task's sub-buffer is its own
+
+
+def test_quick_run_writes_plasticity_and_hessian_rank_per_method(tmp_path):
+    results = run("permuted-mnist-plasticity", methods=None, seeds=[0], quick=True, out=tmp_path)
+    saved = json.loads((tmp_path / "results.json").read_text())
+    assert saved["config"]["n_tasks"] == 6 and "source_file" not in saved["config"]
+    for name in ("backprop", "cbp", "qoa"):
+        row = results["methods"][name]
+        assert len(row["per_seed"][0]["newest"]) == 6
+        assert {"plasticity_drop", "erank_first", "erank_last"} <= set(row)
