@@ -142,7 +142,7 @@ def get_dataloaders(accelerator: Accelerator | None, recipe: str, batch_size: in
     spec = get_recipe(recipe)
     src_images, src_labels = load_images(spec.source, "train", limit=limit)
     test_images, test_labels = load_images(spec.source, "test", limit=limit)
-    tgt_images, _ = load_images(spec.target, "train", with_labels=False, limit=limit)
+    tgt_images, _ = load_images(spec.contrastive_data, "train", with_labels=False, limit=limit)
 
     from hf_clroute.data.loading import load_labeled_dataset
 
@@ -311,11 +311,11 @@ def training_function(recipe: str, out: str, **overrides: Any) -> dict[str, Any]
     ``overrides``: any key of :data:`DEFAULTS`. Returns the report dict (main
     process; other processes return it without the probe numbers).
     """
-    unknown = set(overrides) - set(DEFAULTS)
+    spec = get_recipe(recipe)
+    unknown = (set(overrides) | set(spec.settings)) - set(DEFAULTS)
     if unknown:
         raise TypeError(f"training_function: unknown settings {sorted(unknown)}; known: {sorted(DEFAULTS)}")
-    cfg = {**DEFAULTS, **{k: v for k, v in overrides.items() if v is not None}}
-    spec = get_recipe(recipe)
+    cfg = {**DEFAULTS, **spec.settings, **{k: v for k, v in overrides.items() if v is not None}}
     accelerator = Accelerator()
     set_seed(cfg["seed"])
     start = time.time()
@@ -363,7 +363,8 @@ def training_function(recipe: str, out: str, **overrides: Any) -> dict[str, Any]
         "objective": (
             f"cross-entropy on labelled {spec.source} (mild affine augmentation, label smoothing "
             f"{cfg['label_smoothing']}) + {cfg['contrastive_weight']} x SimCLR NT-Xent (temperature "
-            f"{cfg['temperature']}) on two strongly augmented views of UNLABELLED {spec.target} training images "
+            f"{cfg['temperature']}) on two strongly augmented views of UNLABELLED {spec.contrastive_data} "
+            "training images "
             "(affine, contrast/brightness, noise, erasing); one shared backbone pass; the target's labels are never read"
         ),
         "target_labels_used": False,
@@ -404,10 +405,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", required=True, choices=sorted(RECIPES))
     parser.add_argument("--out", required=True, help="output directory (checkpoint + pretrain_report.json)")
-    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"])
+    parser.add_argument("--steps", type=int, default=None, help="default: the recipe's, else DEFAULTS['steps']")
     parser.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"],
-                        help="labelled source images per step (and unlabelled target images, x2 views)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="labelled source images per step (and unlabelled target images, x2 views); "
+                             "default: the recipe's, else DEFAULTS['batch_size']")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N images per split (smoke tests)")
     parser.add_argument("--asset", nargs="?", const=str(assets_root()), default=None, metavar="ROOT",
                         help="also store the result as the package's committed asset, ROOT/<recipe> "

