@@ -74,6 +74,17 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.burners)]
     rows: dict[str, list[dict]] = {name: [] for name in variants()}
+    key = "wall_s" if args.command else "samples_per_s"
+    command = "python -m hf_clroute.bench.thread_bench " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def write() -> dict:  # after every run: a long benchmark stopped early keeps what it measured
+        summary = {name: statistics.median(r[key] for r in runs) for name, runs in rows.items() if runs}
+        report = {"command": command, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "usable_cores": usable_cores(),
+                  "settings": vars(args), "measure": key, "median": summary, "runs": rows}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+        return report
+
     try:
         time.sleep(args.settle)
         for pair in range(args.pairs):
@@ -81,17 +92,12 @@ def main(argv: list[str] | None = None) -> dict:
             for name in names:
                 rows[name].append(run_variant(variants()[name], args.steps, args.command))
                 print(name, rows[name][-1], flush=True)
+                report = write()
     finally:
         for burner in burners:
             burner.kill()
             burner.wait()
-    key = "wall_s" if args.command else "samples_per_s"
-    summary = {name: statistics.median(r[key] for r in runs) for name, runs in rows.items()}
-    report = {"command": "python -m hf_clroute.bench.thread_bench " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "usable_cores": usable_cores(), "settings": vars(args),
-              "measure": key, "median": summary, "runs": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    summary = report["median"]
     for name, value in summary.items():
         print(f"{name:<16} {key} {value:8.1f}")
     return report
