@@ -229,6 +229,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default="results/speed/roofline.json")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--matmul-size", type=int, default=2048)
+    parser.add_argument("--matmul-repeats", type=int, default=20, help="the peak is the best of this many")
     parser.add_argument("--pairs", type=int, default=5, help="interleaved fp32/bf16 blocks per workload")
     parser.add_argument("--calls", type=int, default=10, help="most calls per block")
     parser.add_argument("--seconds-per-block", type=float, default=0.5, help="rough block length (FLOP budget at 40 GFLOP/s)")
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     started, load_start = time.time(), os.getloadavg()
-    peaks = {name: matmul_peak(dtype, args.matmul_size) / 1e9
+    peaks = {name: matmul_peak(dtype, args.matmul_size, args.matmul_repeats) / 1e9
              for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp64", torch.float64))}
     print("matmul peak (GFLOP/s): " + ", ".join(f"{k} {v:.1f}" for k, v in peaks.items()), flush=True)
     rows = workload_rows(args) + head_rows(args)

@@ -30,7 +30,7 @@ def roofline_section(r: dict[str, Any]) -> list[str]:
     load = [r["load_average"]["start"][0], r["load_average"]["end"][0]]
     lines = [f"### Roofline (`{r['command']}`, {r['date']}, {r['machine']['threads']} thread, load average "
              f"{_load_avg(load)})", "",
-             f"Matmul peak ({r['settings']['matmul_size']}^2, best of 5): fp32 {peaks['fp32']:.0f}, bf16 "
+             f"Matmul peak ({r['settings']['matmul_size']}^2, best of {r['settings'].get('matmul_repeats', 5)}): fp32 {peaks['fp32']:.0f}, bf16 "
              f"{peaks['bf16']:.0f}, fp64 {peaks['fp64']:.0f} GFLOP/s. CPU bf16: {r['machine']['bf16_hardware'][1]}.",
              "", "| workload | batch | GFLOP per call | fp32 GFLOP/s (% of peak) | bf16 GFLOP/s (% of peak) | "
                  "samples/s fp32 → bf16 | bf16 / fp32 |", "|---|---|---|---|---|---|---|"]
