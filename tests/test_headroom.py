@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -11,10 +12,15 @@ from hf_clroute.backbones import get_blocks
 from hf_clroute.bench.headroom import (
     READOUTS,
     HeadroomSuite,
+    _choose,
     adapt,
     build_adapter,
     feature_splits,
     joint_experience,
+    probe_readout,
+    ranpac_readout,
+    slda_readout,
+    tune_grid,
 )
 from hf_clroute.bench.suites import SuiteConfig, build_stream, load_suite_backbone
 from hf_clroute.cli import main
@@ -54,11 +60,20 @@ def test_runner_writes_every_adapter_and_readout_against_the_same_frozen_feature
     for row in rows:
         assert len(row["grid"]) == 2 and row["pick"]["epochs"] in (1, 2)
         assert row["edge"]  # either epoch count is an edge, and no extension was allowed
+        assert row["selection"]["chosen_on"] == "the validation split of the row's seed"
+        for readout in READOUTS:  # every readout's knob was chosen on validation, and says where it ended
+            r = row["readouts"][readout]
+            assert r["pick"] and 0 <= r["validation"] <= 1 and isinstance(r["edge"], bool)
+    # RanPAC's lambda searches tune's relative grid (units of trace(G)/M), the probe its L2
+    assert [t["ridge_lambda"] for t in results["frozen"][0]["ranpac"]["tried"]][:12] == tune_grid("ranpac")
+    assert results["config"]["ranpac_lambdas"] == tune_grid("ranpac")
     table = (out / "results.md").read_text()
     lines = [line for line in table.splitlines() if line.startswith("| ") and "adapter" not in line]
     assert len(lines) == 2 * len(READOUTS)
-    assert {line.split("|")[2].strip() for line in lines} == set(READOUTS)
+    assert {line.split("|")[2].strip().removesuffix(" *") for line in lines} == set(READOUTS)
+    assert sum(line.split("|")[2].strip().endswith(" *") for line in lines) == 2  # the strongest, per adapter
     assert all(line.split("|")[-2].strip().endswith("†") for line in lines)  # the edge picks are marked
+    assert "(one seed, no test)" in table and "± 0.0" not in table  # one seed: no paired std to show
 
 
 def test_runs_split_by_adapter_merge_into_one_study_with_one_frozen_row_per_seed(headroom_file, tmp_path):
@@ -74,6 +89,52 @@ def test_runs_split_by_adapter_merge_into_one_study_with_one_frozen_row_per_seed
     assert len(merged["frozen"]) == 1  # the seed's frozen readouts, once: both runs read the same features
     assert {r: merged["frozen"][0][r] for r in READOUTS} == {r: first["frozen"][0][r] for r in READOUTS}
     assert [c.split()[1] for c in merged["commands"]] == ["bench", "bench", "merge"]
+
+
+def test_a_merge_refuses_seeds_run_with_different_picks(headroom_file, tmp_path):
+    from hf_clroute.errors import UserInputError
+
+    parts = [tmp_path / "s0", tmp_path / "s1"]
+    for seed, part in enumerate(parts):
+        assert main(["bench", "--suite", str(headroom_file), "--seeds", str(seed), "--methods", "lastblock",
+                     "--out", str(part)]) == 0
+    results = json.loads((parts[1] / "results.json").read_text())
+    row = results["methods"]["lastblock"]["per_seed"][0]
+    row["selection"]["learning_rates"] = [0.01]  # as if seed 1 had chosen its pick from another grid
+    (parts[1] / "results.json").write_text(json.dumps(results))
+    from hf_clroute.bench.headroom import merge
+
+    with pytest.raises(UserInputError, match=r"'lastblock'.*different picks.*seeds \[0\].*seeds \[1\]"):
+        merge(parts, tmp_path / "merged")
+    assert not (tmp_path / "merged" / "results.json").exists()
+
+
+def _blobs(seed: int, n: int, classes: int = 4, dim: int = 8, spread: float = 1.0):
+    generator = torch.Generator().manual_seed(seed)
+    means = torch.randn(classes, dim, generator=torch.Generator().manual_seed(123)) * 2
+    y = torch.arange(classes).repeat_interleave(n)
+    return means[y] + spread * torch.randn(len(y), dim, generator=generator), y
+
+
+def test_readouts_choose_their_knob_on_validation_and_flag_edges():
+    splits = {"train": _blobs(0, 40), "validation": _blobs(1, 10), "test": _blobs(2, 10)}
+    for record in (slda_readout(splits, [1e-4, 1e-2]), ranpac_readout(splits, [1e-2, 1.0], 64, 0),
+                   probe_readout(splits, [1e-4, 1e-3])):
+        assert record["test"] > 0.9 and record["validation"] > 0.9
+        assert record["validation"] == max(t["validation"] for t in record["tried"])
+    # The rule of hf-clroute tune: an edge pick extends its axis (geometric step), up to max_extensions
+    # runs; a pick still on the edge then is flagged; an axis's valid range ends the extension.
+    rising = _choose("ranpac", [1.0, 10.0], lambda v: v, max_extensions=2)
+    assert [t["ridge_lambda"] for t in rising["tried"]] == [1.0, 10.0, 100.0, 1000.0]
+    assert rising["pick"] == {"ridge_lambda": 1000.0} and rising["edge"]
+    peaked = _choose("ranpac", [1.0, 10.0], lambda v: -abs(math.log10(v) - 2), max_extensions=3)
+    assert peaked["pick"] == {"ridge_lambda": 100.0} and not peaked["edge"]
+    capped = _choose("slda", [0.1, 0.3], lambda v: v, max_extensions=3, valid=lambda v: 0 < v <= 1)
+    assert capped["pick"] == {"shrinkage": 0.9} and capped["edge"]
+    assert capped["edge_axes"][0]["reason"] == "end of the axis's valid range"
+    # RanPAC's lambda is relative: the readout's solve uses pick * trace(G)/M, the grid is tune's
+    default = HeadroomSuite(name="x", runner="headroom", suite="split-mnist", adapters=["lora"])
+    assert default.ranpac_lambdas == tune_grid("ranpac") and default.slda_shrinkage == tune_grid("slda")
 
 
 def test_adapted_module_is_frozen_and_lastblock_trains_the_last_block(headroom_file):
@@ -158,14 +219,19 @@ def test_an_edge_pick_extends_its_axis_by_tunes_rule(headroom_file, monkeypatch,
         def parameter_counts(self):
             return {"trainable_params": 3}
 
+    @dataclasses.dataclass
+    class Training:  # what ``adapt`` reads of a TrainingConfig (a dataclass, so ``dataclasses.replace`` works)
+        learning_rate: float
+        epochs: int
+        progress: bool = False
+
     def build(headroom, suite, name, seed, learning_rate, epochs):
-        return Model(1, 1), type("Training", (), {"learning_rate": learning_rate, "epochs": epochs})()
+        return Model(1, 1), Training(learning_rate, epochs)
 
     _ScriptedTrainer.score, _ScriptedTrainer.calls = staticmethod(score), []
     monkeypatch.setattr(headroom_module, "ContinualTrainer", _ScriptedTrainer)
     monkeypatch.setattr(headroom_module, "build_adapter", build)
     monkeypatch.setattr(headroom_module, "make_accelerator", lambda training: None)
-    monkeypatch.setattr(dataclasses, "replace", lambda training, **changes: training)
     headroom = HeadroomSuite(name="x", runner="headroom", suite="split-mnist", adapters=["lora"], epochs=[1, 2],
                              learning_rates=[1e-3, 1e-2], max_extensions=2)
     suite = SuiteConfig.load(HeadroomSuite.load(str(headroom_file)).suite)

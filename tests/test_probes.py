@@ -9,7 +9,7 @@ from torch import nn
 from hf_clroute.bench.feature_cache import FeatureCollator
 from hf_clroute.bench import probes
 from hf_clroute.bench.probes import fit_probe, forgetting_split, probe_seen_tasks
-from hf_clroute.bench.report import above_floor, deep_forgetting_floor
+from hf_clroute.bench.verdicts import above_floor, deep_forgetting_floor
 from hf_clroute.data.streams import Experience
 from hf_clroute.outputs import CLModelOutput
 
@@ -129,3 +129,14 @@ def test_deep_forgetting_measured_by_another_probe_than_the_floors_is_not_set_ag
     assert results["methods"]["mars-fsa-slda"]["deep_forgetting_above_floor"] is None
     table = floor_markdown(results)
     assert "| ranpac-lora |" in table and "Not set against the floor: mars-fsa-slda" in table
+
+
+def test_the_linear_probe_lives_with_the_probes_and_records_its_l2():
+    from hf_clroute.bench import pretrained
+
+    assert pretrained.linear_probe_accuracy is probes.linear_probe_accuracy  # still importable where it was
+    x, y = gaussian_classes(60, seed=3)
+    x_test, y_test = gaussian_classes(20, seed=4)
+    accuracy = probes.linear_probe_accuracy(x, y, x_test, y_test)
+    assert accuracy == (fit_probe(x, y, weight_decays=(1e-4,))(x_test) == y_test).float().mean().item() > 0.5
+    assert fit_probe(x, y, weight_decays=(1e-4, 10.0)).weight_decay == 1e-4  # 10.0 underfits

@@ -49,13 +49,13 @@ def test_a_study_sharing_no_method_with_its_base_gets_no_empty_table():
     assert "| ncm | 50.0 ± 1.0 | 50.0 ± 1.0 | +0.0 |" in table
 
 
-def _row(per_seed: list[float], edge: bool | None = None) -> dict:
-    """A method's results row from its per-seed A_T (seeds 0, 1, ...)."""
+def _row(per_seed: list[float], edge: bool | None = None, validation: float | None = None) -> dict:
+    """A method's results row from its per-seed A_T (seeds 0, 1, ...), its pick's edge flag and validation A_T."""
     mean = sum(per_seed) / len(per_seed)
     std = (sum((v - mean) ** 2 for v in per_seed) / max(len(per_seed) - 1, 1)) ** 0.5
     row = {"A_T": {"mean": mean, "std": std}, "per_seed": [{"seed": i, "A_T": v} for i, v in enumerate(per_seed)]}
-    if edge is not None:
-        row["selection"] = {"edge": edge}
+    if edge is not None or validation is not None:
+        row["selection"] = {"edge": bool(edge)} | ({} if validation is None else {"pick_validation_A_T": validation})
     return row
 
 
@@ -108,15 +108,15 @@ def test_paired_verdicts_use_the_seeds_both_ran():
 def test_results_markdown_shows_se_edge_marks_and_paired_verdicts():
     from hf_clroute.bench.classification import results_markdown, with_verdicts
 
-    def method(per_seed: list[float], edge: bool | None = None) -> dict:
+    def method(per_seed: list[float], edge: bool | None = None, validation: float | None = None) -> dict:
         stat = {"mean": 0.5, "std": 0.0}
-        return {**_row(per_seed, edge), "features_cached": False, "trainable_pct": 1.0, "peak_mem_mb": 1.0,
+        return {**_row(per_seed, edge, validation), "features_cached": False, "trainable_pct": 1.0, "peak_mem_mb": 1.0,
                 "train_samples_per_s": stat, "infer_samples_per_s": stat}
 
     results = {"suite": "mnist", "seeds": [0, 1, 2, 3, 4], "test_size": 2000, "methods": {
         "rwf": method([0.50, 0.51, 0.49, 0.50, 0.52], edge=True),
         "rwf-head-only": method([0.55, 0.54, 0.56, 0.53, 0.55], edge=False),
-        "slda": method([0.60, 0.61, 0.59, 0.60, 0.62])}}
+        "slda": method([0.60, 0.61, 0.59, 0.60, 0.62], validation=0.7)}}
     with_verdicts(results)
     verdicts = results["methods"]["rwf"]["verdicts"]
     assert verdicts["control"] == "rwf-head-only" and verdicts["vs_control"]["verdict"] == "worse"
@@ -129,7 +129,40 @@ def test_results_markdown_shows_se_edge_marks_and_paired_verdicts():
     # A results.json written before these fields existed: n/a, no crash.
     old = {"suite": "mnist", "seeds": [0], "methods": {"rwf": method([0.5]), "rwf-head-only": method([0.55])}}
     table = results_markdown(old)
-    assert "| rwf | 50.0 ± 0.0 | n/a |" in table and "(0 of 1): too few seeds" in table
+    assert "| rwf | 50.0 ± 0.0 | n/a |" in table and "| -5.0 (one seed, no test) |" in table
+
+
+def test_the_best_statistics_head_is_chosen_on_validation_never_on_test():
+    from hf_clroute.bench.verdicts import best_statistics_head, comparisons
+
+    rows = {"slda": _row([0.90] * 5, validation=0.80), "ranpac": _row([0.95] * 5, validation=0.78),
+            "rwf": _row([0.5] * 5)}
+    assert best_statistics_head(rows) == "slda"  # the better on test loses on validation
+    assert comparisons(rows)["rwf"]["statistics_head"] == "slda"
+    del rows["slda"]["selection"]  # a head without a validation score: n/a, never a fall-back to test
+    assert best_statistics_head(rows) is None and comparisons(rows)["rwf"]["vs_statistics_head"] is None
+
+
+def test_every_seed_of_a_method_ran_with_one_pick_or_the_table_is_refused(tmp_path):
+    from hf_clroute.bench.results import check_picks, pick_record, write_run
+    from hf_clroute.errors import UserInputError
+
+    tuned = {"pick": {"training.learning_rate": 1e-3}, "seed": 0, "pick_validation_A_T": 0.8, "edge": False}
+    record = pick_record(tuned)
+    assert record["pick"] == tuned["pick"] and "validation split of seed 0" in record["chosen_on"]
+    assert pick_record(None)["pick"] is None
+    rows = [{"seed": s, "A_T": 0.5, "selection": record} for s in (0, 1)]
+    check_picks({"methods": {"er": {"per_seed": rows}}})  # one pick: fine
+    other = pick_record({**tuned, "pick": {"training.learning_rate": 3e-3}})
+    results = {"kind": "classification", "suite": "mnist",
+               "methods": {"er": {"per_seed": rows + [{"seed": 2, "A_T": 0.6, "selection": other}]}}}
+    with pytest.raises(UserInputError, match=r"'er' of 'mnist'.*different picks.*seeds \[0, 1\].*seeds \[2\]"):
+        write_run(tmp_path, results, "")
+    assert not (tmp_path / "results.json").exists()
+    results["methods"]["er"]["per_seed"][2] = {"seed": 2, "A_T": 0.6}  # a seed that recorded no pick: unknown
+    with pytest.raises(UserInputError, match="not recorded"):
+        check_picks(results)
+    check_picks({"methods": {"er": {"per_seed": [{"seed": 0}, {"seed": 1}]}}})  # written before picks were recorded
 
 
 def test_report_runs_over_the_committed_results(tmp_path, monkeypatch):
@@ -151,43 +184,60 @@ def test_report_runs_over_the_committed_results(tmp_path, monkeypatch):
 
 
 def test_the_adaptation_table_pairs_each_adapted_row_with_the_same_head_frozen(monkeypatch):
-    from hf_clroute.bench import report
+    from hf_clroute.bench import report, verdicts
 
-    monkeypatch.setattr(report, "method_file", lambda m: {"control": "ranpac-gcv"} if m.endswith("-fsa-ranpac") else {})
-    monkeypatch.setattr(report, "registered_method", lambda m: m.split("-")[0])
+    monkeypatch.setattr(verdicts, "method_file", lambda m: {"control": "ranpac-gcv"} if m.endswith("-fsa-ranpac") else {})
+    for module in (report, verdicts):
+        monkeypatch.setattr(module, "registered_method", lambda m: m.split("-")[0])
 
-    def adapted(per_seed, **config):
-        return _row(per_seed) | {"settings": {"adapter_config": {"head": "ranpac", "adaptation": {"on": "first_task"},
-                                                                 **config}}}
+    def adapted(per_seed, validation, **config):
+        return _row(per_seed, validation=validation) | {
+            "settings": {"adapter_config": {"head": "ranpac", "adaptation": {"on": "first_task"}, **config}}}
 
-    rows = {"ranpac": _row([0.90, 0.91, 0.92, 0.90, 0.91]), "ranpac-gcv": _row([0.90, 0.91, 0.92, 0.90, 0.91]),
-            "rwf-fsa-ranpac": adapted([0.92, 0.93, 0.94, 0.92, 0.93]),
-            "lastblock-fsa-ranpac": adapted([0.89, 0.91, 0.91, 0.90, 0.90], last_blocks=1)}
+    rows = {"ranpac": _row([0.90, 0.91, 0.92, 0.90, 0.91], validation=0.9),
+            "ranpac-gcv": _row([0.90, 0.91, 0.92, 0.90, 0.91], validation=0.89),
+            "rwf-fsa-ranpac": adapted([0.92, 0.93, 0.94, 0.92, 0.93], validation=0.91),
+            "lastblock-fsa-ranpac": adapted([0.89, 0.91, 0.91, 0.90, 0.90], validation=0.92, last_blocks=1)}
     table = report.adaptation_table({"fsa-mnist": rows, "mnist": {"ranpac": rows["ranpac"]}})
     assert "| fsa-mnist | rwf | ranpac | rwf-fsa-ranpac | 92.8 ± 0.8 | +2.0 ± 0.0 (5 of 5, p 0): better |" in table
     assert "| fsa-mnist | last 1 block | ranpac | lastblock-fsa-ranpac |" in table
-    assert "beyond the paired std on 1 of 1 tables (fsa-mnist: rwf-fsa-ranpac +2.0" in table  # a table without adapted rows is not counted
-    rows["rwf-fsa-ranpac"] = adapted([0.91, 0.91, 0.92, 0.90, 0.92])  # +0.4 ± 0.5: within the paired std
+    # The best adapted row is the best on validation (lastblock), not on test (rwf); it ties the head.
+    assert "by the paired test on 0 of 1 tables (fsa-mnist: lastblock-fsa-ranpac -0.6" in table
+    rows["lastblock-fsa-ranpac"]["selection"]["pick_validation_A_T"] = 0.5
+    assert "on 1 of 1 tables (fsa-mnist: rwf-fsa-ranpac +2.0" in report.adaptation_table({"fsa-mnist": rows})
+    rows["rwf-fsa-ranpac"] = adapted([0.91, 0.93, 0.92, 0.90, 0.92], validation=0.91)  # +0.6 ± 0.5 > std: a tie
     assert "on 0 of 1 tables" in report.adaptation_table({"fsa-mnist": rows})
+    del rows["rwf-fsa-ranpac"]["selection"]
+    assert "fsa-mnist: n/a (an adapted row has no validation score)" in report.adaptation_table({"fsa-mnist": rows})
     assert report.adaptation_table({"mnist": {"ranpac": rows["ranpac"]}}) == ""
 
 
-def test_the_headroom_table_names_adapters_gaining_beyond_the_std_on_the_strongest_frozen_readout():
+def test_the_headroom_table_names_adapters_the_paired_test_calls_better_on_the_strongest_frozen_readout():
     from hf_clroute.bench.report import headroom_table
 
-    def readouts(frozen_slda, gains):
-        return {"readouts": {r: {"frozen": {"mean": f, "std": 0.0}, "gain": {"mean": g[0], "std": g[1]}}
-                             for r, f, g in zip(("slda", "ranpac", "probe"), (frozen_slda, 0.8, 0.7), gains)}}
+    def study(seeds, gains, validation=(0.6, 0.8, 0.7)):
+        """Frozen test accuracies slda 0.9, ranpac 0.8, probe 0.7 (slda best on test); ``validation``: theirs
+        on validation; ``gains``: adapter -> per-readout per-seed gains."""
+        frozen_test = {"slda": 0.9, "ranpac": 0.8, "probe": 0.7}
+        frozen = [{"seed": s, **{r: {"test": frozen_test[r], "validation": v} for r, v in zip(frozen_test, validation)}}
+                  for s in seeds]
+        methods = {a: {"per_seed": [{"seed": s, "readouts": {
+            r: {"frozen": frozen_test[r], "adapted": frozen_test[r] + g[r][i], "edge": r == "probe" and a == "lora"}
+            for r in frozen_test}} for i, s in enumerate(seeds)]} for a, g in gains.items()}
+        return {"seeds": list(seeds), "frozen": frozen, "methods": methods}
 
-    study = {"seeds": [0, 1, 2], "methods": {
-        "lora": readouts(0.6, [(0.05, 0.01), (0.01, 0.005), (0.02, 0.01)]),   # ranpac strongest: +1.0 ± 0.5
-        "rwf": readouts(0.6, [(0.05, 0.01), (0.004, 0.01), (0.02, 0.01)])}}  # +0.4 ± 1.0: noise
-    table = headroom_table({"headroom-mnist": study})
-    assert "headroom-mnist: ranpac (80.0 frozen), lora +1.0 ± 0.5." in table
-    assert "| headroom-mnist | 3 | rwf | +5.0 ± 1.0 | +0.4 ± 1.0 * | +2.0 ± 1.0 |" in table
-    study["methods"] = {"rwf": study["methods"]["rwf"]}
-    assert "headroom-mnist: ranpac (80.0 frozen), none." in headroom_table({"headroom-mnist": study})
-    study["seeds"] = [0]  # one seed has no paired std: its gains are listed as such, not as beyond the std
-    assert ("headroom-mnist (1 seed, no paired std; every gain): ranpac (80.0 frozen), rwf +0.4 ± 1.0."
-            in headroom_table({"headroom-mnist": study}))
+    steady = {"slda": [0.05] * 5, "ranpac": [0.010, 0.012, 0.009, 0.011, 0.010], "probe": [0.0] * 5}
+    noisy = {"slda": [0.05] * 5, "ranpac": [0.02, -0.01, 0.01, -0.005, 0.002], "probe": [0.0] * 5}
+    table = headroom_table({"headroom-mnist": study(range(5), {"lora": steady, "rwf": noisy})})
+    # ranpac is the strongest frozen readout on validation (slda is on test); only lora's gain is significant there
+    assert "headroom-mnist: ranpac (80.0 frozen), lora +1.0 ± 0.1 (5 of 5, p 3.4e-05): better." in table
+    assert "| headroom-mnist | 5 | rwf | +5.0 ± 0.0 (5 of 5, p 0): better | +0.3 ± 1.2 (3 of 5, p 0.56): tie * |" in table
+    assert "| +0.0 ± 0.0 (0 of 5, p 1): tie† |" in table  # lora's probe pick sits on an edge
+    three = headroom_table({"headroom-mnist": study(range(3), {"lora": {r: v[:3] for r, v in steady.items()}})})
+    assert "headroom-mnist: ranpac (80.0 frozen), none." in three and "too few seeds" in three  # 3 seeds: no verdict
+    one = headroom_table({"headroom-mnist": study([0], {"lora": {r: v[:1] for r, v in steady.items()}})})
+    assert "+1.0 (one seed, no test)" in one and "± 0.0" not in one
+    unscored = study(range(5), {"lora": steady})
+    del unscored["frozen"][0]["probe"]["validation"]  # written before the probe chose its L2 on validation
+    assert "headroom-mnist: n/a (a frozen readout has no validation score" in headroom_table({"headroom-mnist": unscored})
     assert headroom_table({}) == ""

@@ -194,3 +194,18 @@ def test_fsdp2_config_is_refused_on_cpu_with_the_reason(tmp_path):
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
     worker(*sys.argv[2:5])
+
+
+def test_batch_parts_deal_each_row_once_when_the_processes_divide_the_batch():
+    from hf_clroute.data.streaming import batch_parts
+
+    assert batch_parts(8, 8, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]  # a whole batch: consecutive halves
+    # A short last batch the processes divide: equal parts, each row once (the mean of the parts' means is
+    # the batch mean, as one process computes it; statistics and buffers count each row once).
+    assert batch_parts(2, 8, 2) == [[0], [1]] and batch_parts(6, 8, 2) == [[0, 1, 2], [3, 4, 5]]
+    # One they do not: completed by its own rows so every process steps; rows 0 and 1 count twice there.
+    assert batch_parts(3, 4, 2) == [[0, 1], [2, 0]]
+    with pytest.raises(ValueError, match="batch_size=5 is the global batch and must divide evenly"):
+        batch_parts(5, 5, 2)
+    with pytest.raises(ValueError, match="1 to batch_size=8 rows, got 9"):
+        batch_parts(9, 8, 2)

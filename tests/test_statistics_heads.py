@@ -396,7 +396,8 @@ def test_build_head_kinds_and_state_checks() -> None:
 
 def test_ranpac_gcv_scores_equal_the_hat_matrix_definition_and_choose_the_solve() -> None:
     x, y = _data(60)
-    head = _fit(RandomProjectionRidgeHead(D, projection_dim=32, num_classes=K, lambda_mode="gcv"), x, y)
+    head = _fit(RandomProjectionRidgeHead(D, projection_dim=32, num_classes=K, lambda_mode="gcv", gcv_min_classes=K),
+                x, y)
     lambdas = [1e-3, 1e-1, 1.0, 10.0, 100.0, 1e4]
     h, targets, n = (x @ head.projection).relu(), F.one_hot(y, K).double(), len(x)
     eye = torch.eye(32, dtype=torch.float64)
@@ -414,7 +415,8 @@ def test_ranpac_gcv_scores_equal_the_hat_matrix_definition_and_choose_the_solve(
     fixed = _fit(RandomProjectionRidgeHead(D, projection_dim=32, num_classes=K, ridge_lambda=head.solved_lambda), x, y)
     torch.testing.assert_close(head(_probe()), fixed(_probe()), **TOL)
     # Fewer examples than projected dimensions: a tiny lambda interpolates (df >= n), so GCV never picks it.
-    few = _fit(RandomProjectionRidgeHead(D, projection_dim=32, num_classes=K, lambda_mode="gcv"), x[:12], y[:12])
+    few = _fit(RandomProjectionRidgeHead(D, projection_dim=32, num_classes=K, lambda_mode="gcv", gcv_min_classes=1),
+               x[:12], y[:12])
     assert torch.isinf(few.gcv_scores([1e-9 * few.mean_eigenvalue()])).all()
     assert torch.isfinite(few.gcv_scores([few.solved_lambda])).all()
 
@@ -437,3 +439,23 @@ def test_ranpac_relative_lambda_is_in_units_of_the_mean_eigenvalue() -> None:
     assert head.solved_lambda == pytest.approx(0.5 * trace / 32)
     with pytest.raises(ValueError, match="lambda_mode must be one of 'fixed', 'relative', 'gcv', got 'auto'"):
         RandomProjectionRidgeHead(D, lambda_mode="auto")
+
+
+def test_ranpac_gcv_solves_with_the_relative_lambda_until_enough_classes_are_in() -> None:
+    # Early in a stream (a 2-class first task) GCV's lambda is not trusted: the head solves with its relative
+    # ridge_lambda, exactly as the "relative" head does, and reads those two classes; from gcv_min_classes
+    # classes on, GCV chooses again.
+    x, y = _data(200, k=6)
+    first = y < 2
+    gcv = RandomProjectionRidgeHead(D, projection_dim=32, ridge_lambda=0.01, lambda_mode="gcv", num_classes=6,
+                                    gcv_min_classes=3)
+    relative = RandomProjectionRidgeHead(D, projection_dim=32, ridge_lambda=0.01, lambda_mode="relative", num_classes=6)
+    _fit(gcv, x[first], y[first]), _fit(relative, x[first], y[first])
+    assert gcv.solved_by == "relative" and gcv.solved_lambda == pytest.approx(0.01 * gcv.mean_eigenvalue())
+    torch.testing.assert_close(gcv(x[first]), relative(x[first]), **TOL)
+    assert _accuracy(gcv, x[first], y[first]) > 0.9
+    _fit(gcv, x[~first & (y < 3)], y[~first & (y < 3)])  # a third class: enough for GCV
+    assert gcv.solved_by == "gcv" and gcv.solved_lambda == gcv.gcv_lambda()
+    assert RandomProjectionRidgeHead(D, lambda_mode="gcv").settings()["gcv_min_classes"] == 5  # the default
+    with pytest.raises(ValueError, match="gcv_min_classes"):
+        RandomProjectionRidgeHead(D, lambda_mode="gcv", gcv_min_classes=0)

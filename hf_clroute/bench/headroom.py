@@ -8,11 +8,15 @@ epochs and learning rate chosen on the validation split from one grid shared by 
 adapter, edge picks extended by the search rule of ``hf-clroute tune``; then it is frozen, and the same readouts are fitted on its features and on the
 frozen backbone's features (computed once per seed), every feature pass in eval mode:
 
-* ``slda``: streaming LDA (``heads.lda``), shrinkage chosen on validation;
-* ``ranpac``: RanPAC's random projection + ridge (``heads.ranpac``), lambda chosen on validation;
-* ``probe``: multinomial logistic regression run to convergence (L-BFGS, fixed L2).
+* ``slda``: streaming LDA (``heads.lda``), its shrinkage chosen on validation;
+* ``ranpac``: RanPAC's random projection + ridge (``heads.ranpac``), lambda in units of trace(G)/M
+  chosen on validation;
+* ``probe``: multinomial logistic regression run to convergence (L-BFGS), its L2 chosen on validation.
 
-Each readout is fitted on the training data and scored on the suite's test split. The
+Each readout is fitted on the training data, its knob chosen on the validation split from
+``hf-clroute tune``'s grid for that head (the probe: ``probe_weight_decays``) by the same search rule
+(edge picks extend, a pick still on an edge is flagged), and scored on the suite's test split; the
+test split never chooses anything. The
 paired gain (adapted minus frozen, same seed, same readout) bounds what any continual
 protocol could gain from the adapter on this suite: the adapter saw every class at once.
 
@@ -38,16 +42,27 @@ from ..data.streams import Experience, validation_stream
 from ..engine import ContinualTrainer, make_accelerator
 from ..heads import RandomProjectionRidgeHead, StreamingLDAHead
 from ..metrics import mean_std
+from ..metrics.aggregate import paired_difference
 from ..model import CLModel, get_cl_model
 from .feature_cache import FeatureCollator, cache_stream_features
 from .grid_search import MAX_EXTENSIONS, search
-from .pretrained import linear_probe_accuracy
-from .probes import model_features
+from .probes import PROBE_MAX_ITER, fit_logistic, model_features
 from .results import markdown_table, write_run
-from .settings import resolve_run
+from .settings import method_search, resolve_run
 from .suites import SuiteConfig, build_stream, load_suite, load_suite_backbone, merge_seed_runs
+from .verdicts import paired_cell
 
 READOUTS = ("slda", "ranpac", "probe")
+#: each readout's knob (the search axis), and the head whose ``hf-clroute tune`` grid it searches
+KNOBS = {"slda": ("shrinkage", "slda", "config.head_options.shrinkage"),
+         "ranpac": ("ridge_lambda", "ranpac", "config.head_options.ridge_lambda"),
+         "probe": ("weight_decay", None, None)}
+
+
+def tune_grid(readout: str) -> list[float]:
+    """The grid ``hf-clroute tune`` searches for ``readout``'s head (its settings file's ``"search"``)."""
+    _, method, key = KNOBS[readout]
+    return [float(v) for v in method_search(method)[key]]
 
 
 @dataclass
@@ -67,14 +82,21 @@ class HeadroomSuite:
                               metadata={"help": "Epoch grid over the joint task (same for every adapter)."})
     learning_rates: list[float] = field(default_factory=lambda: [1e-4, 1e-3, 1e-2],
                                         metadata={"help": "Learning-rate grid (same for every adapter)."})
-    slda_shrinkage: list[float] = field(default_factory=lambda: [1e-4, 1e-2, 0.1, 0.5],
-                                        metadata={"help": "Streaming-LDA shrinkages, one chosen on validation."})
-    ranpac_lambdas: list[float] = field(default_factory=lambda: [0.01, 0.1, 1.0, 10.0, 100.0, 1000.0],
-                                        metadata={"help": "RanPAC ridge lambdas, one chosen on validation."})
+    slda_shrinkage: list[float] = field(
+        default_factory=lambda: tune_grid("slda"),
+        metadata={"help": "Streaming-LDA shrinkages, one chosen on validation (edge picks extend); default: "
+                          "hf-clroute tune's grid for slda."})
+    ranpac_lambdas: list[float] = field(
+        default_factory=lambda: tune_grid("ranpac"),
+        metadata={"help": "RanPAC ridge lambdas in units of trace(G)/M (lambda_mode 'relative'), one chosen on "
+                          "validation (edge picks extend); default: hf-clroute tune's grid for ranpac."})
     ranpac_projection_dim: int = field(default=2048, metadata={"help": "RanPAC's random projection width M."})
-    max_extensions: int = field(default=MAX_EXTENSIONS, metadata={"help": "Runs an edge pick may add past the grid's "
-                                                                   "edges (the search rule of hf-clroute tune)."})
-    probe_weight_decay: float = field(default=1e-4, metadata={"help": "L2 penalty of the logistic probe."})
+    max_extensions: int = field(default=MAX_EXTENSIONS, metadata={"help": "Runs an edge pick (an adapter's or a "
+                                                                   "readout's) may add past the grid's edges (the "
+                                                                   "search rule of hf-clroute tune)."})
+    probe_weight_decays: list[float] = field(
+        default_factory=lambda: [1e-5, 1e-4, 1e-3],
+        metadata={"help": "L2 penalties of the logistic probe, one chosen on validation (edge picks extend)."})
     quick: dict[str, Any] = field(default_factory=dict, metadata={"help": "Overrides of the fields above for --quick."})
     description: str = field(default="", metadata={"help": "What the study measures."})
 
@@ -83,7 +105,7 @@ class HeadroomSuite:
             raise ValueError(f"suite {self.name!r} has runner {self.runner!r}; HeadroomSuite is for runner 'headroom'")
         if not self.adapters:
             raise ValueError(f"suite {self.name!r}: HeadroomSuite.adapters is empty")
-        for name in ("epochs", "learning_rates", "slda_shrinkage", "ranpac_lambdas"):
+        for name in ("epochs", "learning_rates", "slda_shrinkage", "ranpac_lambdas", "probe_weight_decays"):
             values = getattr(self, name)
             if not values or any(isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0 for v in values):
                 raise ValueError(f"suite {self.name!r}: HeadroomSuite.{name} must be a non-empty list of positive "
@@ -151,40 +173,73 @@ def _accuracy(logits: torch.Tensor, labels: torch.Tensor) -> float:
     return (logits.argmax(1) == labels).double().mean().item()
 
 
-def slda_readout(splits: dict, shrinkages: list[float]) -> dict[str, Any]:
+def _choose(readout: str, grid: list[float], score: Callable[[float], float], max_extensions: int,
+            valid: Callable[[float], bool] = lambda v: v > 0) -> dict[str, Any]:
+    """``readout``'s knob chosen on validation by the search rule of ``hf-clroute tune`` (``grid_search``)."""
+    axis = KNOBS[readout][0]
+    found = search([{axis: v} for v in grid], lambda p: score(p[axis]), lambda p: valid(p[axis]), max_extensions)
+    tried = grid + [e["point"][axis] for e in found["extensions"]]
+    scores = found["validation_A_T"] + [e["validation_A_T"] for e in found["extensions"]]
+    return {"pick": found["pick_point"], "validation": found["pick_validation_A_T"], "edge": found["edge"],
+            "edge_axes": found["edge_axes"], "tried": [{axis: v, "validation": a} for v, a in zip(tried, scores)]}
+
+
+def slda_readout(splits: dict, shrinkages: list[float], max_extensions: int = MAX_EXTENSIONS) -> dict[str, Any]:
     """Streaming LDA fitted on train, shrinkage chosen on validation, scored on test."""
     (x, y), num_classes = splits["train"], int(splits["train"][1].max()) + 1
-    best = None
-    for shrinkage in shrinkages:
-        head = StreamingLDAHead(x.shape[1], shrinkage=shrinkage, num_classes=num_classes)
-        head.accumulate(x, y)
-        head.sync()
-        score = _accuracy(head(splits["validation"][0].double()), splits["validation"][1])
-        if best is None or score > best[0]:
-            best = (score, shrinkage, head)
-    score, shrinkage, head = best
-    return {"test": _accuracy(head(splits["test"][0].double()), splits["test"][1]), "validation": score,
-            "pick": {"shrinkage": shrinkage}}
-
-
-def ranpac_readout(splits: dict, lambdas: list[float], projection_dim: int, seed: int) -> dict[str, Any]:
-    """RanPAC's projection + ridge fitted on train, lambda chosen on validation, scored on test."""
-    (x, y), num_classes = splits["train"], int(splits["train"][1].max()) + 1
-    head = RandomProjectionRidgeHead(x.shape[1], projection_dim=projection_dim, seed=seed, num_classes=num_classes)
+    head = StreamingLDAHead(x.shape[1], shrinkage=shrinkages[0], num_classes=num_classes)
     head.accumulate(x, y)
     head.sync()
-    picked = head.select_lambda(*splits["validation"], lambdas)
-    return {"test": _accuracy(head(splits["test"][0].double()), splits["test"][1]),
-            "validation": _accuracy(head(splits["validation"][0].double()), splits["validation"][1]),
-            "pick": {"ridge_lambda": picked}}
+    x_val, y_val = splits["validation"]
+
+    def score(shrinkage: float) -> float:
+        head.set_shrinkage(shrinkage)
+        return _accuracy(head(x_val.double()), y_val)
+
+    chosen = _choose("slda", shrinkages, score, max_extensions, valid=lambda v: 0 < v <= 1)
+    head.set_shrinkage(chosen["pick"]["shrinkage"])
+    return {"test": _accuracy(head(splits["test"][0].double()), splits["test"][1]), **chosen}
+
+
+def ranpac_readout(splits: dict, lambdas: list[float], projection_dim: int, seed: int,
+                   max_extensions: int = MAX_EXTENSIONS) -> dict[str, Any]:
+    """RanPAC's projection + ridge fitted on train, lambda (in units of trace(G)/M) chosen on validation,
+    scored on test."""
+    (x, y), num_classes = splits["train"], int(splits["train"][1].max()) + 1
+    head = RandomProjectionRidgeHead(x.shape[1], projection_dim=projection_dim, seed=seed, num_classes=num_classes,
+                                     lambda_mode="relative")
+    head.accumulate(x, y)
+    head.sync()
+    accuracy_at, unit = head.lambda_scorer(*splits["validation"]), head.mean_eigenvalue()
+    chosen = _choose("ranpac", lambdas, lambda relative: accuracy_at(relative * unit), max_extensions)
+    head.set_ridge_lambda(chosen["pick"]["ridge_lambda"])
+    return {"test": _accuracy(head(splits["test"][0].double()), splits["test"][1]), **chosen}
+
+
+def probe_readout(splits: dict, weight_decays: list[float], max_extensions: int = MAX_EXTENSIONS) -> dict[str, Any]:
+    """The logistic probe (run to convergence) fitted on train, its L2 chosen on validation, scored on test."""
+    fitted: dict[float, Callable] = {}
+
+    def fit(weight_decay: float) -> Callable:
+        if weight_decay not in fitted:
+            fitted[weight_decay] = fit_logistic(*splits["train"], weight_decay, max_iter=PROBE_MAX_ITER)
+        return fitted[weight_decay]
+
+    def score(weight_decay: float) -> float:
+        x_val, y_val = splits["validation"]
+        return (fit(weight_decay)(x_val) == y_val).double().mean().item()
+
+    chosen = _choose("probe", weight_decays, score, max_extensions)
+    x_test, y_test = splits["test"]
+    return {"test": (fit(chosen["pick"]["weight_decay"])(x_test) == y_test).double().mean().item(), **chosen}
 
 
 def readouts(suite: HeadroomSuite, splits: dict, seed: int) -> dict[str, dict[str, Any]]:
-    """Every readout's test accuracy (and validation pick) on one set of features."""
+    """Every readout's test accuracy, validation score and pick on one set of features."""
     return {
-        "slda": slda_readout(splits, suite.slda_shrinkage),
-        "ranpac": ranpac_readout(splits, suite.ranpac_lambdas, suite.ranpac_projection_dim, seed),
-        "probe": {"test": linear_probe_accuracy(*splits["train"], *splits["test"], weight_decay=suite.probe_weight_decay)},
+        "slda": slda_readout(splits, suite.slda_shrinkage, suite.max_extensions),
+        "ranpac": ranpac_readout(splits, suite.ranpac_lambdas, suite.ranpac_projection_dim, seed, suite.max_extensions),
+        "probe": probe_readout(splits, suite.probe_weight_decays, suite.max_extensions),
     }
 
 
@@ -259,10 +314,23 @@ def run_adapter(headroom: HeadroomSuite, suite: SuiteConfig, name: str, seed: in
     own_head = _accuracy(model.head(splits["test"][0]), splits["test"][1]) if model.head is not None else None
     adapted = readouts(headroom, splits, seed)
     rows = {r: {"frozen": frozen[r]["test"], "adapted": adapted[r]["test"],
-                "gain": adapted[r]["test"] - frozen[r]["test"], "pick": adapted[r].get("pick"),
-                "frozen_pick": frozen[r].get("pick")} for r in READOUTS}
-    return {"seed": seed, **record, "features_cached": on_cache,
+                "gain": adapted[r]["test"] - frozen[r]["test"], "pick": adapted[r]["pick"],
+                "frozen_pick": frozen[r]["pick"], "validation": adapted[r]["validation"],
+                "frozen_validation": frozen[r]["validation"], "edge": adapted[r]["edge"],
+                "frozen_edge": frozen[r]["edge"]} for r in READOUTS}
+    return {"seed": seed, **record, "selection": selection_rule(headroom), "features_cached": on_cache,
             "own_head_test": own_head, "readouts": rows, "wall_s": time.perf_counter() - started}
+
+
+def selection_rule(headroom: HeadroomSuite) -> dict[str, Any]:
+    """Where a per-seed row's picks were chosen, the same for every seed of a study (``results.check_picks``):
+    each seed chooses its adapter's epochs and learning rate, and each readout's knob, on its own validation
+    split from these grids by the search rule of ``hf-clroute tune``."""
+    return {"chosen_on": "the validation split of the row's seed", "rule": "grid_search (edge picks extend)",
+            "max_extensions": headroom.max_extensions, "epochs": headroom.epochs,
+            "learning_rates": headroom.learning_rates, "slda_shrinkage": headroom.slda_shrinkage,
+            "ranpac_lambdas": headroom.ranpac_lambdas, "ranpac_lambda_units": "trace(G)/M",
+            "probe_weight_decays": headroom.probe_weight_decays}
 
 
 # ------------------------------------------------------------------ runner
@@ -302,32 +370,75 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
     return write_results(header, runs, Path(out))
 
 
+def paired_gain(rows: list[dict], readout: str) -> dict | None:
+    """Adapted − frozen accuracy of ``readout``, paired by seed (``paired_difference``: the verdicts' test)."""
+    return paired_difference({r["seed"]: r["readouts"][readout]["adapted"] for r in rows},
+                             {r["seed"]: r["readouts"][readout]["frozen"] for r in rows})
+
+
+def strongest_readout(results: dict) -> str | None:
+    """The readout with the best mean validation accuracy on the frozen features (``results["frozen"]``);
+    None where a seed's readout recorded no validation score (a study written before it was recorded)."""
+    frozen = results.get("frozen") or []
+    scores = {r: [row.get(r, {}).get("validation") for row in frozen] for r in READOUTS}
+    if not frozen or any(v is None for values in scores.values() for v in values):
+        return None
+    return max(READOUTS, key=lambda r: (sum(scores[r]) / len(scores[r]), -READOUTS.index(r)))
+
+
+def mean_of(results: dict, readout: str, key: str = "test") -> float:
+    """The frozen features' ``readout`` accuracy, mean over the study's seeds."""
+    values = [row[readout][key] for row in results["frozen"]]
+    return sum(values) / len(values)
+
+
+def readout_edge_mark(results: dict, adapter: str, readout: str) -> str:
+    """"†" where ``readout``'s pick is still on an edge of its grid, on the adapted or the frozen features."""
+    rows = results["methods"][adapter]["per_seed"]
+    return "†" if any(r["readouts"][readout].get(k) for r in rows for k in ("edge", "frozen_edge")) else ""
+
+
 def aggregate_adapter(rows: list[dict]) -> dict[str, Any]:
     rows = sorted(rows, key=lambda r: r["seed"])
     summary = {r: {k: mean_std([row["readouts"][r][k] for row in rows]) for k in ("frozen", "adapted", "gain")}
                for r in READOUTS}
-    return {"readouts": summary, "own_head_test": mean_std([r["own_head_test"] for r in rows]),
+    return {"readouts": summary, "gain_test": {r: paired_gain(rows, r) for r in READOUTS},
+            "own_head_test": mean_std([r["own_head_test"] for r in rows]),
             "wall_s": mean_std([r["wall_s"] for r in rows]), "per_seed": rows}
 
 
 def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
     """Aggregate per-seed rows into ``out/results.json`` and ``out/results.md``."""
     results = {**header, "kind": "headroom", "methods": {a: aggregate_adapter(r) for a, r in runs.items()}}
+    results["strongest_readout"] = strongest_readout(results)
     return write_run(out, results, results_markdown(results))
 
 
-def _pct(stat: dict[str, float] | None, sign: str = "") -> str:
-    return "—" if not stat else f"{stat['mean'] * 100:{sign}.1f} ± {stat['std'] * 100:.1f}"
+def _pct(stat: dict[str, float] | None, one_seed: bool) -> str:
+    if not stat:
+        return "—"
+    return f"{stat['mean'] * 100:.1f}" + (" (one seed)" if one_seed else f" ± {stat['std'] * 100:.1f}")
+
+
+def _knob(row: dict, readout: str) -> str:
+    value = (row["readouts"][readout].get("pick") or {}).get(KNOBS[readout][0])
+    return "n/a" if value is None else f"{value:g}"
 
 
 def results_markdown(results: dict) -> str:
     seeds = ", ".join(map(str, results["seeds"]))
+    one_seed = len(results["seeds"]) == 1
+    strongest = results.get("strongest_readout")
     lines = [f"# {results['suite']} (seeds {seeds})", "",
              f"Each adapter trained offline with a linear head on all of {results['config']['suite']}'s training "
              "classes at once (epochs and learning rate chosen on validation), then frozen; the same readouts "
-             "fitted on its features and on the frozen backbone's. Test accuracy in %, mean ± std over seeds; "
-             "gain = adapted − frozen, paired by seed (per-seed gains in the last column). † : the pick is still on "
-             "the edge of its grid after extension.", ""]
+             "fitted on its features and on the frozen backbone's, each readout's knob (shrinkage, lambda in units "
+             "of trace(G)/M, L2) chosen on validation. Test accuracy in %, mean ± std over seeds; gain = adapted − "
+             "frozen, paired by seed (the paired t test of the verdicts: better/worse at p < 0.05 with at least 5 "
+             "seeds; per-seed gains in their own column). † : a pick still on the edge of its grid after extension "
+             "(the adapter's, or the readout's on the adapted or frozen features). * : the readout strongest on the "
+             "frozen features by validation accuracy" + ("" if strongest else " (n/a: not every readout recorded a "
+                                                          "validation score)") + ".", ""]
     rows = []
     for name, m in results["methods"].items():
         picks = ", ".join(f"{r['pick']['learning_rate']:g}/{r['pick']['epochs']}{'†' if r.get('edge') else ''}"
@@ -335,9 +446,13 @@ def results_markdown(results: dict) -> str:
         for readout in READOUTS:
             s = m["readouts"][readout]
             gains = ", ".join(f"{r['readouts'][readout]['gain'] * 100:+.1f}" for r in m["per_seed"])
-            rows.append([name, readout, _pct(s["frozen"]), _pct(s["adapted"]), _pct(s["gain"], "+"), gains,
-                         _pct(m["own_head_test"]), picks])
-    header = ["adapter", "readout", "frozen", "adapted", "gain", "gain per seed", "own linear head", "pick (lr/epochs)"]
+            knobs = ", ".join(_knob(r, readout) for r in m["per_seed"])
+            rows.append([name, f"{readout}{' *' if readout == strongest else ''}", _pct(s["frozen"], one_seed),
+                         _pct(s["adapted"], one_seed), paired_cell(paired_gain(m["per_seed"], readout)), gains,
+                         f"{knobs}{readout_edge_mark(results, name, readout)}", _pct(m["own_head_test"], one_seed),
+                         picks])
+    header = ["adapter", "readout", "frozen", "adapted", "gain (paired)", "gain per seed", "readout pick (adapted)",
+              "own linear head", "pick (lr/epochs)"]
     return "\n".join(lines) + "\n" + markdown_table(header, rows)
 
 

@@ -47,6 +47,9 @@ PROBE_HOLDOUT = 0.2
 PROBE_TRAIN_PER_TASK = None
 #: batch size of the probe's forward passes
 PROBE_BATCH_SIZE = 256
+#: L-BFGS iterations of the linear probes that read a whole backbone (the headroom readout, the pretrained
+#: backbones' reports): more classes and examples at once than a deep-forgetting probe
+PROBE_MAX_ITER = 500
 
 
 @torch.no_grad()
@@ -98,6 +101,14 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, weight_decay: float, max_iter
     return predict
 
 
+def linear_probe_accuracy(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
+                          test_y: torch.Tensor, weight_decay: float = 1e-4, max_iter: int = PROBE_MAX_ITER) -> float:
+    """Test accuracy of multinomial logistic regression on standardised features, run to convergence
+    (:func:`fit_logistic`; mean/std from the training features only)."""
+    predict = fit_logistic(train_x, train_y, weight_decay, max_iter=max_iter)
+    return (predict(test_x) == test_y).float().mean().item()
+
+
 def fit_probe(x: torch.Tensor, y: torch.Tensor, weight_decays=PROBE_WEIGHT_DECAYS, holdout: float = PROBE_HOLDOUT):
     """The deep-forgetting probe: :func:`fit_logistic` with the L2 penalty that scores best on a held-out
     share of (x, y) (a fixed permutation, so the choice is deterministic), refitted on all of (x, y).
@@ -111,7 +122,9 @@ def fit_probe(x: torch.Tensor, y: torch.Tensor, weight_decays=PROBE_WEIGHT_DECAY
         weight_decay = weight_decays[max(range(len(scores)), key=scores.__getitem__)]  # first best: the smaller L2
     else:
         weight_decay = weight_decays[0]
-    return fit_logistic(x, y, weight_decay)
+    predict = fit_logistic(x, y, weight_decay)
+    predict.weight_decay = weight_decay  # the chosen L2, for records and checks
+    return predict
 
 
 def feature_snr(x: torch.Tensor, y: torch.Tensor) -> float:

@@ -1,4 +1,9 @@
-"""The one way a runner writes its results: ``results.json`` (with its ``kind``) and ``results.md``."""
+"""The one way a runner writes its results: ``results.json`` (with its ``kind``) and ``results.md``.
+
+Every per-seed row records the pick it ran with (``"selection"``: the hyper-parameters and where they were
+chosen); a table whose seeds of one method ran with different picks is refused before anything is written,
+so a merge never joins them silently.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,41 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import UserInputError
 from ..io import atomic_write_text
+
+
+def pick_record(selection: dict[str, Any] | None) -> dict[str, Any]:
+    """What a classification row ran with, for its per-seed ``"selection"``: ``hf-clroute tune``'s pick for
+    the method (``selection.json``'s entry) and where it was chosen, or the settings files' values."""
+    if not selection:
+        return {"pick": None, "chosen_on": "none: the settings files' values (no selection.json)"}
+    return {"pick": selection.get("pick"), "chosen_on": f"hf-clroute tune, the validation split of seed "
+                                                        f"{selection.get('seed', 0)}",
+            "validation_A_T": selection.get("pick_validation_A_T"), "edge": selection.get("edge")}
+
+
+def check_picks(results: dict[str, Any]) -> None:
+    """Refuse a table where one method's seeds ran with different picks (their per-seed ``"selection"``),
+    or where only some of its seeds recorded theirs; rows written before picks were recorded pass."""
+    for method, row in (results.get("methods") or {}).items():
+        seeds = row.get("per_seed") or []
+        groups: dict[str, list[int]] = {}
+        for seed_row in seeds:
+            groups.setdefault(json.dumps(seed_row.get("selection"), sort_keys=True), []).append(seed_row["seed"])
+        if len(groups) > 1:
+            found = "; ".join(f"seeds {ids}: {json.loads(key) if key != 'null' else 'not recorded'}"
+                              for key, ids in groups.items())
+            raise UserInputError(f"method {method!r} of {results.get('suite')!r}: its seeds ran with different "
+                                 f"picks ({found}); re-run them with one selection, or keep them in separate "
+                                 "tables (another --out, or merge with --drop)")
 
 
 def write_run(out: Path, results: dict[str, Any], markdown: str) -> dict[str, Any]:
     """Write ``out/results.json`` and ``out/results.md`` atomically; ``results['kind']`` names the runner."""
     if results.get("kind") not in ("classification", "charlm", "plasticity", "headroom"):
         raise ValueError(f"results must say which runner wrote them ('kind'), got {results.get('kind')!r}")
+    check_picks(results)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "results.json", json.dumps(results, indent=2, sort_keys=True) + "\n")
     atomic_write_text(out / "results.md", markdown)

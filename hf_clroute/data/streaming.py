@@ -5,8 +5,11 @@ from a source opened with ``streaming=True`` (a directory of parquet shards here
 dataset id online): the class-to-task map comes from the label feature (``ClassLabel``),
 and each task's train and test splits are the source's splits filtered by label, read
 shard by shard at training time. Nothing is counted, indexed or materialised up front, so
-memory stays flat however long the stream is; the trainer reads each process's share of a
-task with ``datasets.distributed.split_dataset_by_node`` (:mod:`hf_clroute.engine.loading`).
+memory stays flat however long the stream is; the trainer deals each process its part of every
+global batch (:func:`batch_parts`) with ``datasets.distributed.split_dataset_by_node``
+(:mod:`hf_clroute.engine.loading`, ``examples`` strategy). Each process reads every row of the
+stream's arrow data, undecoded, and decodes and collates only its own parts: the same global
+batches as one process, at the cost of every node reading the whole stream.
 
 What differs from the in-memory builder, because a stream cannot be indexed:
 
@@ -34,11 +37,33 @@ from datasets import ClassLabel, Dataset, DatasetDict, IterableDataset, Iterable
 
 from .streams import _CLASS_ORDER, _STREAM_ORDER, Experience, _rng
 
-__all__ = ["class_incremental_streaming", "parquet_stream", "streaming_suite_stream"]
+__all__ = ["batch_parts", "class_incremental_streaming", "parquet_stream", "streaming_suite_stream"]
 
 SPLITS = ("train", "test")
 #: rows per arrow batch when a task's rows are selected and relabelled
 _ARROW_ROWS = 256
+
+
+def batch_parts(rows: int, batch_size: int, num_processes: int) -> list[list[int]]:
+    """Row indices of each process's part of one global batch of ``rows`` rows (``batch_size`` unless it
+    is a stream's short last batch), in consecutive parts.
+
+    When the processes divide the rows evenly (every whole batch, since ``batch_size`` is a multiple of
+    ``num_processes``, and a short last batch of a multiple of them), each row goes to exactly one
+    process and every part has the same size: the mean of the processes' mean losses, which DDP's
+    gradient averaging takes, is one process's mean loss over the batch, and statistics and buffers see
+    each row once. Otherwise the short batch is completed to ``batch_size`` by repeating its own rows,
+    so every process takes the step; its repeated rows then count twice (in the gradient, class
+    statistics and replay buffers), and only there N processes differ from one.
+    """
+    if batch_size % num_processes:
+        raise ValueError(f"TrainingConfig.batch_size={batch_size} is the global batch and must divide evenly "
+                         f"among the {num_processes} processes")
+    if not 0 < rows <= batch_size:
+        raise ValueError(f"a global batch holds 1 to batch_size={batch_size} rows, got {rows}")
+    order = np.arange(rows) if rows % num_processes == 0 else np.resize(np.arange(rows), batch_size)
+    part = len(order) // num_processes
+    return [order[k * part:(k + 1) * part].tolist() for k in range(num_processes)]
 
 
 def parquet_stream(directory: str | Path, streaming: bool = True) -> IterableDatasetDict | DatasetDict:

@@ -48,6 +48,13 @@ class StreamingLDAHead(StatisticsHead):
     def settings(self) -> dict:
         return {"shrinkage": self.shrinkage}
 
+    @torch.no_grad()
+    def set_shrinkage(self, shrinkage: float) -> None:
+        """Re-solve the synced statistics at another ``shrinkage`` (a search over shrinkages accumulates once)."""
+        self._configure(shrinkage=shrinkage)
+        if bool((self.counts > 0).any()):
+            self._solve()
+
     def _statistic_shapes(self, k: int) -> dict[str, tuple[int, ...]]:
         d = self.in_features
         return {"sums": (k, d), "second_moment": (d, d)}
