@@ -30,7 +30,7 @@ from hf_clroute.baselines import (
 from hf_clroute.data import ImageCollator, TextClassificationCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
 from hf_clroute.outputs import model_inputs
-from hf_clroute.model import WEIGHTS_NAME, CLModel
+from hf_clroute.model import PEFT_WEIGHTS_NAME, WEIGHTS_NAME, CLModel
 
 IMAGE_METHODS = {
     "finetune": FinetuneConfig,
@@ -164,11 +164,11 @@ def test_lora_is_peft_and_leaves_the_backbone_untouched(fitted_image, tmp_path):
     assert after.keys() == before.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
     model.save_pretrained(tmp_path)  # PEFT's format: its file holds the LoRA matrices alone, the head is beside it
-    with safe_open(str(tmp_path / WEIGHTS_NAME), framework="pt") as handle:
+    with safe_open(str(tmp_path / PEFT_WEIGHTS_NAME), framework="pt") as handle:
         keys = set(handle.keys())
     assert keys and all(".lora_A." in k or ".lora_B." in k for k in keys)
     assert any(".lora_B." in k for k in keys)
-    with safe_open(str(tmp_path / "hf_clroute_model.safetensors"), framework="pt") as handle:
+    with safe_open(str(tmp_path / WEIGHTS_NAME), framework="pt") as handle:
         assert set(handle.keys()) == {"head.weight", "head.bias"}
 
 

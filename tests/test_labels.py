@@ -77,7 +77,7 @@ def _dataset_accuracy(model: CLModel, suites: dict, classes: int) -> float:
 
 
 def test_labels_are_recorded_pushed_and_scored_by_name(trained, suites, hub_server, hub_repo_id, capsys, monkeypatch):
-    config = json.loads((trained / "adapters" / "ncm" / "adapter_config.json").read_text())
+    config = json.loads((trained / "adapters" / "ncm" / "hf_clroute_config.json").read_text())
     stream = build_stream(SuiteConfig.load(suites["four"]), 0)
     order = [c for e in stream for c in e.info["original_classes"]]
     assert config["class_order"] == order
@@ -122,7 +122,7 @@ def test_continue_from_the_hub_appends_new_classes(trained, suites, hub_server, 
     out = tmp_path / "six"
     assert main(["bench", "--suite", suites["six"], "--from-adapter", hub_repo_id, "--seeds", "0", "--out", str(out),
                  "--no-progress"]) == 0
-    after = json.loads((out / "adapters" / "finetune" / "adapter_config.json").read_text())
+    after = json.loads((out / "adapters" / "finetune" / "hf_clroute_config.json").read_text())
     # Known classes keep their ids, the two new ones come after them, in the new stream's order.
     assert {k: after["id2label"][k] for k in before.id2label} == dict(before.id2label)
     new = [FASHION.int2str(c) for e in build_stream(SuiteConfig.load(suites["six"]), 0)
@@ -205,8 +205,8 @@ def test_run_config_from_adapter_continues_and_resumes(trained, suites, tmp_path
     assert not stopped["finished"]
     done = train_continual.training_function(config, argparse.Namespace(resume=True, stop_after_steps=0))
     assert done["finished"] and done["from_adapter"] == str(adapter)
-    before = json.loads((adapter / "adapter_config.json").read_text())
-    after = json.loads((tmp_path / "out" / "adapter" / "adapter_config.json").read_text())
+    before = json.loads((adapter / "hf_clroute_config.json").read_text())
+    after = json.loads((tmp_path / "out" / "adapter" / "hf_clroute_config.json").read_text())
     assert {k: after["id2label"][k] for k in before["id2label"]} == before["id2label"] and len(after["id2label"]) == 6
     assert [h["task"] for h in after["training_history"]] == ["fashion-small/task0", "fashion-small/task1"] * 2
 

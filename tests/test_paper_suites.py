@@ -186,8 +186,8 @@ def test_standin_suites_train_two_tasks_under_accelerate_and_the_adapters_reload
         out = runs / suite_name / method
         result = json.loads((out / "result.json").read_text())
         assert result["finished"] and len(result["accuracy_matrix"]) == 2, (suite_name, method)
-        assert (out / "adapter" / "adapter_config.json").is_file()
-        assert (out / "adapter" / "adapter_model.safetensors").is_file()
+        assert (out / "adapter" / "hf_clroute_config.json").is_file()
+        assert (out / "adapter" / "hf_clroute_model.safetensors").is_file()
         final = result["accuracy_matrix"][-1]
         # Accelerate wraps the forward in bf16 autocast when it prepares the model for training; a
         # statistics head has nothing to train, is never prepared, and so runs in float32 throughout.
