@@ -117,12 +117,29 @@ def test_identity_init_leaves_features_unchanged_up_to_layernorm():
 
 
 def test_bert_backbone_through_the_core_api():
+    """On BERT the memory reads the attention-mask-weighted mean of the last hidden states (padding
+    ignored, not the CLS token) and the head classifies the memory's output h~."""
     torch.manual_seed(0)
-    model = get_cl_model(BertModel(tiny_bert_config()), MarsConfig(num_slots=4))
+    bert = BertModel(tiny_bert_config()).eval()
+    model = get_cl_model(copy.deepcopy(bert), MarsConfig(num_slots=4))
     model.grow_head(3)
+    with torch.no_grad():
+        model.method.memory.beta[:4] += torch.randn(4, D)  # adapters that are not the identity
     ids = torch.randint(1, 100, (2, 7))
-    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
-    assert logits.shape == (2, 3) and torch.isfinite(logits).all()
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # the second text is two tokens shorter
+    model.eval()
+    logits = model(input_ids=ids, attention_mask=mask).logits
+    with torch.no_grad():
+        hidden = bert(input_ids=ids, attention_mask=mask).last_hidden_state
+        weights = mask.unsqueeze(-1).float()
+        h = (hidden * weights).sum(1) / weights.sum(1)
+        expected = model.head(model.method.memory(h).output)
+    torch.testing.assert_close(logits, expected)
+    assert not torch.allclose(logits, model.head(model.method.memory(hidden[:, 0]).output).detach())
+    padded = ids.clone()
+    padded[1, 5:] = 3  # what sits under the padding changes nothing
+    torch.testing.assert_close(model(input_ids=padded, attention_mask=mask).logits, logits)
 
 
 # ---- SGSE statistics --------------------------------------------------------------------------------
@@ -354,7 +371,7 @@ def _ctx():
      ("key_init", "zeros"), ("lambda_smooth", -0.1), ("freeze_backbone", False), ("class_stats_space", "pixels"),
      ("anchors_per_class", 0), ("covariance_shrinkage", 1.5), ("lambda_align", -1.0), ("keys_per_task", -1),
      ("timing_window", 0), ("novelty_statistic", "entropy"), ("anchors", "class"), ("stat_horizon", 0),
-     ("varsigma", 0.0)],
+     ("varsigma", 0.0), ("stage2_ratio", 0), ("full_output_consistency", "all"), ("anchor_memory", "bank")],
 )
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -443,14 +460,24 @@ def test_stage2_anchors_come_from_the_method_statistics():
     stream = feature_stream(2, train_per_class=20)
     model, _ = fit(gaussian_config(dcda_window=1, anchors_per_class=3), stream)
     method = model.method
-    # Every training feature was folded in: 40 per class, over the 4 classes.
+    # Every training feature was folded in: 20 per class (train_per_class), over the 4 classes.
     assert method.class_stats.counts.tolist() == [20.0] * 4
     drawn, labels = method.draw_anchors(model, torch.zeros(1))
     assert labels.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3]
-    # In 'memory_output' space an anchor is a draw of the stored Gaussian, with the step's generator.
-    generator = torch.Generator().manual_seed(method.config.memory_init_seed * 1_000_003 + method.steps_seen)
-    expected, _ = method.class_stats.sample(torch.arange(4), 3, method.config.covariance_shrinkage, generator)
-    torch.testing.assert_close(drawn, expected, rtol=0, atol=0)
+    # In 'memory_output' space each anchor is a draw of its own class's stored Gaussian: with many
+    # draws, each label's anchors average to that class's mean of h~ and no other class's.
+    method.config.anchors_per_class = 2000
+    drawn, labels = method.draw_anchors(model, torch.zeros(1))
+    means = method.class_stats.means().float()
+    for c in range(4):
+        centre = drawn[labels == c].mean(0)
+        torch.testing.assert_close(centre, means[c], rtol=0, atol=0.1)
+        assert int((means - centre).norm(dim=1).argmin()) == c
+    # The draws depend on the step only (a resumed run draws what an unbroken one would): the same
+    # step draws the same anchors, the next step others.
+    torch.testing.assert_close(method.draw_anchors(model, torch.zeros(1))[0], drawn, rtol=0, atol=0)
+    method.steps_seen += 1
+    assert not torch.equal(method.draw_anchors(model, torch.zeros(1))[0], drawn)
 
 
 def test_backbone_space_anchors_are_routed_through_the_memory():
@@ -568,7 +595,9 @@ def test_stage2_distils_the_previous_head_on_the_slot_anchors():
     assert set(losses) == {"ce", "lwf", "anchor"}  # no alignment: slot anchors carry no label
     anchors = method.slot_anchors()
     assert len(anchors) == method.memory.num_slots  # every active slot has seen task 0
-    teacher = F.linear(anchors, method.teacher_weight, method.teacher_bias)
+    # The teacher keeps every head row at the task's start; the default distils the old two.
+    assert method.teacher_weight.shape[0] == 4 and method.old_classes == 2
+    teacher = F.linear(anchors, method.teacher_weight[:2], method.teacher_bias[:2])
     expected = distillation(model.head(anchors)[:, :2], teacher, 3.0)
     torch.testing.assert_close(losses["anchor"], expected)
     # Over the old classes' logits only: the new classes' head rows get no gradient from it.

@@ -121,7 +121,9 @@ def test_memory_trains_in_the_adaptation_then_stays_fixed(adapted, stream):
         assert torch.equal(param, at_start["params"][name]), name
     assert method.memory.num_slots == at_start["slots"]
     assert method.extra_state() == at_start["state"]
-    assert method.teacher_weight.shape[0] == 0 and method.task_start_history == [[0, 0]]
+    # The only teacher is the adaptation's temporary head at its start (task 0: nothing old to keep).
+    assert method.teacher_weight.shape[0] == method.teacher_classes == 2 and method.old_classes == 0
+    assert method.task_start_history == [[0, 0]]
     assert result.params["phases"]["task 0"] == 0
 
 
@@ -185,8 +187,8 @@ def test_a_statistics_head_needs_adaptation_naming_the_field():
 
 
 def test_settings_row_resolves_for_split_mnist():
-    """(e) The row: MaRS with mars.json's memory, the LDA head, adaptation on the first task for 5 epochs,
-    control slda; the tuner's 12 points (the shared learning rates x the adaptation's epochs) each resolve
+    """(e) The row: MaRS with mars-paper's memory (the first reading, as the row was measured), the LDA
+    head, adaptation on the first task for 5 epochs, control slda; the tuner's 12 points (the shared learning rates x the adaptation's epochs) each resolve
     to a run with their values (a nested key, so through the tuner's ``selected``)."""
     from hf_clroute.bench.settings import method_file, method_variants, resolve_run
     from hf_clroute.bench.suites import SuiteConfig
@@ -198,11 +200,11 @@ def test_settings_row_resolves_for_split_mnist():
     assert run.registered_method == "mars" and isinstance(config, MarsConfig)
     assert (config.head, config.head_options) == ("lda", {"shrinkage": 1e-4})
     assert config.adaptation_config().on == "first_task" and config.adaptation_config().epochs == 5
-    assert (config.num_slots, config.max_slots, config.dcda_window) == (32, 64, 1)  # mars.json's
+    assert (config.num_slots, config.max_slots, config.dcda_window) == (32, 64, 1)  # mars.json's, through mars-paper
     assert run.sources["config.head"] == "configs/methods/mars-fsa-slda.json"
     data = method_file("mars-fsa-slda")
     assert data["control"] == "slda" and method_file("slda") and "(ours)" in data["description"]
-    assert ("mars-fsa-slda", "mars") in method_variants()
+    assert ("mars-fsa-slda", "mars-paper") in method_variants()
     grid = search_grid("mars-fsa-slda", trains=True)
     assert len({tuple(sorted(p.items())) for p in grid}) == len(grid) == BUDGET
     assert {p["config.adaptation.epochs"] for p in grid} == {1, 3, 5, 10}

@@ -6,11 +6,11 @@ from .config import MarsConfig
 from .method import Mars
 from .sgse import ExpansionTest, ExpansionTiming, expansion_timing, wilson_lower_bound
 from .slot_memory import SlotCapacityError, SlotMemory
-from .slot_statistics import SlotStatistics
+from .slot_statistics import AnchorBank, SlotStatistics
 
 register_method(MarsConfig, Mars)
 
 __all__ = [
-    "ClassStatistics", "ExpansionTest", "ExpansionTiming", "Mars", "MarsConfig", "SlotCapacityError", "SlotMemory",
+    "AnchorBank", "ClassStatistics", "ExpansionTest", "ExpansionTiming", "Mars", "MarsConfig", "SlotCapacityError", "SlotMemory",
     "SlotStatistics", "expansion_timing", "wilson_lower_bound",
 ]

@@ -10,6 +10,14 @@ MaRS trains through the shared linear head (``head='linear'``, the default). A s
 first-session adaptation (``adaptation``): the memory trains before the stream with a temporary
 linear head, then stays frozen while the statistics head reads its output h~.
 
+Issue 32's options, each read against the paper's theory (the mars row sets the values chosen on
+validation; the dataclass defaults keep the first literal reading, row mars-paper):
+``full_output_consistency`` (Theorem 2 bounds the old classes' accuracy only if the anchors' whole
+prediction stays consistent), ``anchor_memory`` (anchors that keep representing old data),
+``reference_window`` with ``novelty_statistic`` (an SGSE test calibrated against a reference window,
+so a shift is tested against the distribution before it) and ``stage2_ratio`` (the classifier's
+share of the steps).
+
 Defaults are the paper's unless a field's help says "ours". Two of our designs
 are variants with their own names, not defaults: slot keys seeded at every task
 start (``keys_per_task > 0``, ``mars-task-keys``: the paper grows the memory
@@ -64,7 +72,19 @@ class MarsConfig(CLConfig):
             "confidence (the paper's); it is relative (a softmax over cosines), so an input far from every "
             "key can still be routed confidently when one key is slightly less far than the others. "
             "'top_similarity': max_i cos(q, k_i), how close the nearest key is, which drops for any input "
-            "no slot covers."
+            "no slot covers. 'energy' (ours): tau_r * logsumexp_i(cos(q, k_i) / tau_r), minus the router's "
+            "free energy: a smooth maximum of the similarities that also counts how many keys are near."
+        },
+    )
+    reference_window: int = field(
+        default=0,
+        metadata={
+            "help": "0 (the paper's): SGSE compares each input with the tracked level Q_t (quantile_beta, "
+            "quantile_window), which follows the stream within about one batch. R > 0 (ours): with the "
+            "eps-quantile of the last R inputs' statistics before the test block, fixed for the block; on a "
+            "stationary stream a block's failures are then exactly BetaBinomial(n, k, R + 1 - k), "
+            "k = floor(eps (R + 1)), and the threshold from that law bounds the false-expansion probability "
+            "per test by alpha for any statistic; a shift is tested against the old distribution for R inputs."
         },
     )
     quantile_beta: float = field(
@@ -111,6 +131,14 @@ class MarsConfig(CLConfig):
     dcda_window: int = field(
         default=10, metadata={"help": "Steps per stage turn for the 'alternate' schedule (ours)."}
     )
+    stage2_ratio: int = field(
+        default=1,
+        metadata={
+            "help": "'alternate' only (ours): stage-2 turns per stage-1 turn. 1 gives the head every other "
+            "turn; r gives it r / (r + 1) of the steps, as much as the classifier of a head-only control "
+            "gets minus one turn in r + 1 (the paper trains each stage to convergence offline)."
+        },
+    )
     stage1_fraction: float = field(
         default=0.5,
         metadata={"help": "Share of a task's training samples spent in stage 1 ('sequential'; ours: the paper "
@@ -143,6 +171,32 @@ class MarsConfig(CLConfig):
             "classes' logits. 'class_gaussian' (ours, variant mars-gaussian-align): draws from exact running "
             "per-class Gaussians, with class-balanced alignment and distillation (the class_stats_space ... "
             "rehearse_memory fields below apply to it only)."
+        },
+    )
+    full_output_consistency: str = field(
+        default="none",
+        metadata={
+            "help": "Which outputs stage 2's distillation keeps consistent with the head as it was at the task's "
+            "start (the teacher, all its rows, the new classes' freshly grown ones included). 'none': the old "
+            "classes' logits only, on the anchors and on the current inputs (nothing bounds the new classes' "
+            "logits on old inputs). 'anchors': the slot anchors over every output, the consistency the paper's "
+            "Theorem 2 assumes (old-class accuracy is bounded only if the anchors' whole prediction stays within "
+            "eta); LwF on the current inputs stays on the old logits, since those inputs belong to the new "
+            "classes. 'anchors_and_lwf': both over every output (the current inputs' new-class outputs are "
+            "then also pulled towards their initial values). Slot anchors only (class_gaussian has "
+            "bound_new_classes)."
+        },
+    )
+    anchor_memory: str = field(
+        default="ema",
+        metadata={
+            "help": "Which slot anchors stage 2 uses. 'ema' (the paper's statistics, read live): the per-slot "
+            "EMA, which follows the current task (horizon stat_horizon steps), so the anchors stop representing "
+            "old data. 'task_start' (ours): at each later task's start every used slot's mean input is banked "
+            "and the statistics restart, so the anchors keep one entry per slot and past task (the teacher is "
+            "taken at the same boundary). 'expansion' (ours, task-free): banked at each SGSE expansion instead. "
+            "A banked anchor is rebuilt with its slot's current adapter, a = gamma_i * m + beta_i. Slot anchors "
+            "only."
         },
     )
     stat_horizon: int = field(
@@ -252,9 +306,11 @@ class MarsConfig(CLConfig):
 
     SCHEDULES: ClassVar[tuple[str, ...]] = ("alternate", "sequential")
     KEY_INITS: ClassVar[tuple[str, ...]] = ("data", "random")
-    NOVELTY_STATISTICS: ClassVar[tuple[str, ...]] = ("top_probability", "top_similarity")
+    NOVELTY_STATISTICS: ClassVar[tuple[str, ...]] = ("top_probability", "top_similarity", "energy")
     STATS_SPACES: ClassVar[tuple[str, ...]] = ("memory_output", "backbone")
     ANCHORS: ClassVar[tuple[str, ...]] = ("slot", "class_gaussian")
+    CONSISTENCY: ClassVar[tuple[str, ...]] = ("none", "anchors", "anchors_and_lwf")
+    ANCHOR_MEMORIES: ClassVar[tuple[str, ...]] = ("ema", "task_start", "expansion")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -275,7 +331,7 @@ class MarsConfig(CLConfig):
         self._check_positive(
             "num_slots", "max_slots", "tau_r", "quantile_window", "test_trials", "wilson_z", "dcda_window",
             "supcon_temperature", "distill_temperature", "anchors_per_class", "timing_window", "varsigma",
-            "stat_horizon",
+            "stat_horizon", "stage2_ratio",
         )
         self._check_fraction(
             "quantile_beta", "quantile_eps", "alpha", "stage1_fraction", "covariance_shrinkage"
@@ -305,6 +361,16 @@ class MarsConfig(CLConfig):
             raise ValueError(
                 f"MarsConfig.novelty_statistic must be one of {self.NOVELTY_STATISTICS}, got {self.novelty_statistic!r}"
             )
+        if self.full_output_consistency not in self.CONSISTENCY:
+            raise ValueError(f"MarsConfig.full_output_consistency must be one of {self.CONSISTENCY}, "
+                             f"got {self.full_output_consistency!r}")
+        if self.anchor_memory not in self.ANCHOR_MEMORIES:
+            raise ValueError(f"MarsConfig.anchor_memory must be one of {self.ANCHOR_MEMORIES}, got {self.anchor_memory!r}")
+        if self.reference_window < 0:
+            raise ValueError(f"MarsConfig.reference_window must be >= 0 (0: the tracked level), got {self.reference_window!r}")
+        if self.reference_window and self.quantile_eps * (self.reference_window + 1) < 1:
+            raise ValueError(f"MarsConfig.reference_window={self.reference_window} is too short for quantile_eps="
+                             f"{self.quantile_eps}: the eps-quantile needs eps * (R + 1) >= 1")
         if self.key_init not in self.KEY_INITS:
             raise ValueError(f"MarsConfig.key_init must be one of {self.KEY_INITS}, got {self.key_init!r}")
         if not (self.use_stage1 or self.use_stage2):

@@ -15,6 +15,9 @@ autograd graph* instead of freezing it (the whole step, loss included, is one
 * stage 2 (head only): the memory runs under ``no_grad``, the loss is CE + LwF
   distillation on current inputs + rehearsal on anchors (below).
 
+With the 'alternate' schedule one stage-1 turn of ``dcda_window`` steps is followed
+by ``stage2_ratio`` stage-2 turns.
+
 A parameter outside the graph gets ``grad=None``, which AdamW and SGD skip
 entirely (no momentum, no weight decay), so stage 1 provably never changes the
 head and stage 2 never the memory. (Multiplying a loss by zero would not do:
@@ -22,9 +25,14 @@ Adam's momentum would still move the parameters.)
 
 Anchors (``anchors``). The paper's, by default: every training batch updates
 router-weighted EMA statistics per slot (``SlotStatistics``: mass c_i and LN(h)
-mass mu_i), and each stage-2 step distils the previous head into the current
-one on the slot anchors a_i = gamma_i * (mu_i / max(c_i, varsigma)) + beta_i,
-over the old classes' logits (an anchor has no label). Our variant
+mass mu_i), and each stage-2 step distils the head as it was at the task's start
+(the teacher) into the current one on the slot anchors
+a_i = gamma_i * (mu_i / max(c_i, varsigma)) + beta_i (an anchor has no label).
+Two options decide whether that retention does what the paper's Theorem 2 needs:
+``full_output_consistency`` (over the old classes' logits, or over every output
+the teacher has, which is what bounds new-class logits on old inputs) and
+``anchor_memory`` (the live EMA, which follows the current task, or slot means
+banked at each task start or SGSE expansion, ``AnchorBank``). Our variant
 ``class_gaussian`` folds every training feature into exact running per-class
 statistics instead (means and one shared covariance, ``ClassStatistics``), of
 h~ or of the frozen h (``class_stats_space``); each stage-2 step draws anchors
@@ -76,7 +84,7 @@ from .class_statistics import ClassStatistics
 from .config import MarsConfig
 from .sgse import ExpansionTest, ExpansionTiming, expansion_timing
 from .slot_memory import Routing, SlotCapacityError, SlotMemory
-from .slot_statistics import SlotStatistics
+from .slot_statistics import AnchorBank, SlotStatistics
 
 if TYPE_CHECKING:  # pragma: no cover
     from ...data.streams import Experience
@@ -129,7 +137,7 @@ class Mars(ContinualMethod):
 
     _COUNTERS = (
         "task_step", "task_samples", "task_plan", "keys_seeded", "old_classes", "classes_trained",
-        "skipped_expansions", "steps_seen", "tasks_started", "task_keys_left",
+        "skipped_expansions", "steps_seen", "tasks_started", "task_keys_left", "teacher_classes",
     )
     _HISTORIES = ("slot_history", "expansion_history", "task_start_history")
 
@@ -140,7 +148,8 @@ class Mars(ContinualMethod):
         self.task_samples = 0
         self.task_plan = 0  # samples the current task will train on (for 'sequential')
         self.keys_seeded = 0  # initial slots keyed from data so far
-        self.old_classes = 0  # classes the head knew before this task (the teacher's outputs)
+        self.old_classes = 0  # classes the head knew before this task
+        self.teacher_classes = 0  # the teacher's outputs: every head row at the task's start
         self.classes_trained = 0
         self.skipped_expansions = 0
         self.steps_seen = 0  # training steps over the whole stream
@@ -161,10 +170,11 @@ class Mars(ContinualMethod):
         self.sgse = ExpansionTest(
             self.memory.query.out_features, beta=cfg.quantile_beta, window=cfg.quantile_window,
             eps=cfg.quantile_eps, trials=cfg.test_trials, z=cfg.wilson_z, alpha=cfg.alpha,
-            threshold=cfg.expansion_threshold,
+            threshold=cfg.expansion_threshold, reference=cfg.reference_window,
         )
         self.class_stats = ClassStatistics(hidden)
         self.slot_stats = SlotStatistics(cfg.max_slots, hidden, momentum=1 - 1 / cfg.stat_horizon)
+        self.anchor_bank = AnchorBank(hidden)
         if cfg.key_init == "random":
             self.keys_seeded = cfg.num_slots
         # Teacher (the head before this task); resized at task start and in load_extra_state,
@@ -197,8 +207,8 @@ class Mars(ContinualMethod):
             return 2
         if not cfg.use_stage2:
             return 1
-        if cfg.dcda_schedule == "alternate":
-            return 1 + (self.task_step // cfg.dcda_window) % 2
+        if cfg.dcda_schedule == "alternate":  # one stage-1 turn, then stage2_ratio stage-2 turns
+            return 1 if (self.task_step // cfg.dcda_window) % (1 + cfg.stage2_ratio) == 0 else 2
         return 1 if self.task_samples < cfg.stage1_fraction * self.task_plan else 2
 
     # ---- forward ---------------------------------------------------------------------
@@ -237,7 +247,8 @@ class Mars(ContinualMethod):
                 losses["ce"] = self.loss(model, batch, logits)
             smooth = (outputs - normed).pow(2).sum(dim=-1).mean()
             losses["smooth"] = self.config.lambda_smooth * smooth
-        novelty = routing.similarity if self.config.novelty_statistic == "top_similarity" else routing.confidence
+        novelty = {"top_similarity": routing.similarity, "energy": routing.energy}.get(
+            self.config.novelty_statistic, routing.confidence)
         extras = {
             "query": routing.query.detach(), "confidence": novelty.detach(),
             "probs": routing.probs.detach(), "normed": routing.normed.detach(),
@@ -254,15 +265,15 @@ class Mars(ContinualMethod):
         cfg, n_old, T = self.config, self.old_classes, self.config.distill_temperature
         terms = {}
         if n_old and cfg.lambda_lwf:
-            teacher = F.linear(routing.output, self.teacher_weight, self.teacher_bias)
-            terms["lwf"] = cfg.lambda_lwf * distillation(logits[:, :n_old], teacher, T)
+            all_outputs = cfg.full_output_consistency == "anchors_and_lwf"
+            terms["lwf"] = cfg.lambda_lwf * self.consistency(logits, routing.output, all_outputs)
         if not cfg.use_anchors:
             return terms
         if cfg.anchors == "slot":
             anchors = self.slot_anchors()
             if n_old and cfg.lambda_anchor and len(anchors):
-                teacher = F.linear(anchors, self.teacher_weight, self.teacher_bias)
-                terms["anchor"] = cfg.lambda_anchor * distillation(model.head(anchors)[:, :n_old], teacher, T)
+                all_outputs = cfg.full_output_consistency != "none"
+                terms["anchor"] = cfg.lambda_anchor * self.consistency(model.head(anchors), anchors, all_outputs)
             return terms
         drawn = self.draw_anchors(model, routing.output)
         if drawn is None:
@@ -273,17 +284,31 @@ class Mars(ContinualMethod):
             terms["align"] = cfg.lambda_align * F.cross_entropy(anchor_logits, labels)
         old = labels < n_old
         if n_old and cfg.lambda_anchor and bool(old.any()):
-            teacher = F.linear(anchors[old], self.teacher_weight, self.teacher_bias)
+            teacher = F.linear(anchors[old], self.teacher_weight[:n_old], self.teacher_bias[:n_old])
             student = anchor_logits[old] if cfg.bound_new_classes else anchor_logits[old][:, :n_old]
             terms["anchor"] = cfg.lambda_anchor * distillation(student, teacher, T)
         return terms
 
+    def consistency(self, student: torch.Tensor, inputs: torch.Tensor, all_outputs: bool) -> torch.Tensor:
+        """Distillation from the head as it was at the task's start on ``inputs`` (the head's
+        input space): over the old classes' logits, or over every output the teacher has (the
+        new classes' rows as grown), which is zero exactly when the head has not moved."""
+        n = self.teacher_classes if all_outputs else self.old_classes
+        teacher = F.linear(inputs, self.teacher_weight[:n], self.teacher_bias[:n])
+        return distillation(student[:, :n], teacher, self.config.distill_temperature)
+
     @torch.no_grad()
     def slot_anchors(self) -> torch.Tensor:
-        """The paper's anchors, one per active slot with statistics, with the adapters as they are
-        now (stage 2 does not train them): (A, d)."""
+        """The slot anchors with the adapters as they are now (stage 2 does not train them): one per
+        active slot with live statistics ('ema', the paper's), or one per banked slot mean: (A, d)."""
         memory = self.memory
+        if self.config.anchor_memory != "ema":
+            return self.anchor_bank.anchors(memory.gamma, memory.beta)
         return self.slot_stats.anchors(memory.gamma, memory.beta, memory.active_mask(), self.config.varsigma)
+
+    def _bank_anchors(self) -> None:
+        """Keep the current segment's slot means as anchors and restart the statistics."""
+        self.anchor_bank.snapshot(self.slot_stats, self.memory.active_mask(), self.config.varsigma)
 
     @torch.no_grad()
     def anchor_samples(self, model: "CLModel", like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -321,14 +346,16 @@ class Mars(ContinualMethod):
         self.old_classes = self.classes_trained
         self.class_stats.resize(model.head.num_classes)
         self.tasks_started += 1
+        if self.config.anchor_memory == "task_start" and self.tasks_started > 1:
+            self._bank_anchors()  # the previous tasks' inputs, as the slots saw them
         self.task_keys_left = self.config.keys_per_task if self.tasks_started > 1 else 0
         self.task_start_history.append([ctx.global_step, ctx.task_id])
         self._snapshot_teacher(model)
 
     @torch.no_grad()
     def _snapshot_teacher(self, model: "CLModel") -> None:
-        """Keep the head as it was before this task."""
-        n = self.old_classes
+        """Keep the head as it was before this task: every row, the new classes' as grown."""
+        n = self.teacher_classes = model.head.num_classes
         self.teacher_weight = model.head.weight[:n].detach().clone()
         self.teacher_bias = model.head.bias[:n].detach().clone()
 
@@ -359,8 +386,11 @@ class Mars(ContinualMethod):
                 if self._add_slot(query[i], step):
                     # The routing mass is redistributed: SGSE's level no longer describes it.
                     self.sgse.relearn_level()
-            elif cfg.use_sgse and self.sgse.observe(value, query[i]) and self._add_slot(self.sgse.new_key, step):
-                self.expansion_history.append([step, self.memory.num_slots])
+            elif cfg.use_sgse and self.sgse.observe(value, query[i]):
+                if cfg.anchor_memory == "expansion":  # before the shift: what the slots have seen so far
+                    self._bank_anchors()
+                if self._add_slot(self.sgse.new_key, step):
+                    self.expansion_history.append([step, self.memory.num_slots])
 
     def _add_slot(self, key: torch.Tensor, step: int) -> bool:
         try:
@@ -400,6 +430,7 @@ class Mars(ContinualMethod):
             **{k: getattr(self, k) for k in self._HISTORIES},
             "num_slots": self.memory.num_slots,
             "stat_classes": self.class_stats.num_classes,
+            "banked_anchors": len(self.anchor_bank),
             "sgse": self.sgse.state(),
             "sgse_timing": dataclasses.asdict(timing) if timing else None,
         }
@@ -411,7 +442,11 @@ class Mars(ContinualMethod):
             setattr(self, key, [list(x) for x in state.get(key, getattr(self, key))])
         self.sgse.load_state(state.get("sgse", {}))
         # Size the teacher and statistics buffers so the saved tensors load into them.
-        hidden, n_old = self.teacher_weight.shape[1], self.old_classes
-        self.teacher_weight = self.teacher_weight.new_zeros(n_old, hidden)
-        self.teacher_bias = self.teacher_bias.new_zeros(n_old)
+        # (An adapter saved before teacher_classes existed kept the old classes' rows only.)
+        hidden = self.teacher_weight.shape[1]
+        n_teacher = int(state.get("teacher_classes", self.old_classes))
+        self.teacher_classes = n_teacher
+        self.teacher_weight = self.teacher_weight.new_zeros(n_teacher, hidden)
+        self.teacher_bias = self.teacher_bias.new_zeros(n_teacher)
+        self.anchor_bank.resize(int(state.get("banked_anchors", 0)))
         self.class_stats.resize(int(state.get("stat_classes", 0)))

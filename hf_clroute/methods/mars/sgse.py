@@ -19,6 +19,20 @@ the memory trains), so SGSE compares each s_t with a *tracked* level instead:
 
 After an abrupt drop in confidence, Q_t lags by about 1 / (1 - beta) trials, so
 the block that sees the shift fails en masse: detection within 2n trials.
+
+That lag is also the weakness of the tracked level: with w = 10 and beta = 0.9 it
+follows the stream within about one batch, so a moderate shift (new classes on the
+same backbone) is absorbed before a block of n = 20 trials sees enough failures.
+``reference > 0`` (ours) replaces Q_t by a *calibrated* level: the eps-quantile of
+the last R statistics before the block (the k-th smallest, k = floor(eps (R + 1))),
+held fixed for the block's n trials. On a stationary (exchangeable) stream the
+number of failures in a block is then exactly BetaBinomial(n, k, R + 1 - k) for
+any continuous statistic (the level's exceedance probability is a uniform order
+statistic), so the threshold computed from that law bounds the false-expansion
+probability per test by alpha without assuming a distribution. After a shift the
+reference still describes the old distribution for R inputs, so the first block
+wholly after the shift is tested against it: if most shifted inputs fall below the
+old eps-quantile, SGSE fires within 2n trials of the shift.
 """
 
 from __future__ import annotations
@@ -47,24 +61,46 @@ def binomial_cdf(x: int, n: int, p: float) -> float:
     return sum(math.comb(n, k) * p**k * (1 - p) ** (n - k) for k in range(x + 1))
 
 
-def threshold_for_alpha(n: int, z: float, success_rate: float, alpha: float) -> tuple[float, float]:
-    """(threshold, exact false-expansion probability) for ``LB < threshold`` tests.
+def beta_binomial_cdf(x: int, n: int, a: float, b: float) -> float:
+    """P(X <= x) for X ~ BetaBinomial(n, a, b)."""
+    def log_pmf(j: int) -> float:
+        return (math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1)
+                + math.lgamma(j + a) + math.lgamma(n - j + b) - math.lgamma(n + a + b)
+                - math.lgamma(a) - math.lgamma(b) + math.lgamma(a + b))
+    return sum(math.exp(log_pmf(j)) for j in range(x + 1))
+
+
+def reference_success_cdf(n: int, reference: int, rank: int):
+    """CDF of the successes in a block of n trials against the (rank + 1)-th smallest of
+    ``reference`` exchangeable values: failures are BetaBinomial(n, k, R + 1 - k), k = rank + 1."""
+    k = rank + 1
+    return lambda x: 1.0 - beta_binomial_cdf(n - x - 1, n, k, reference + 1 - k) if x < n else 1.0
+
+
+def threshold_for_cdf(n: int, z: float, cdf, alpha: float) -> tuple[float, float]:
+    """(threshold, exact false-expansion probability) for ``LB < threshold`` tests, where
+    ``cdf(x)`` = P(successes <= x) on a stationary stream.
 
     The Wilson bound increases with the success count, so ``LB(X) < threshold``
-    is ``X <= x*``; pick the largest x* with P(Binomial(n, success_rate) <= x*) <= alpha.
+    is ``X <= x*``; pick the largest x* with P(X <= x*) <= alpha.
     """
     best = None
     for x in range(n + 1):
-        if binomial_cdf(x, n, success_rate) > alpha:
+        if cdf(x) > alpha:
             break
         best = x
     if best is None:
         raise ValueError(
             f"no expansion threshold reaches alpha={alpha} with n={n} trials (even 0 successes in "
-            f"{n} has probability {binomial_cdf(0, n, success_rate):.3g}); raise alpha or n"
+            f"{n} has probability {cdf(0):.3g}); raise alpha or n"
         )
     threshold = wilson_lower_bound(best + 1, n, z) if best < n else 1.0
-    return threshold, binomial_cdf(best, n, success_rate)
+    return threshold, cdf(best)
+
+
+def threshold_for_alpha(n: int, z: float, success_rate: float, alpha: float) -> tuple[float, float]:
+    """:func:`threshold_for_cdf` for independent trials: successes ~ Binomial(n, success_rate)."""
+    return threshold_for_cdf(n, z, lambda x: binomial_cdf(x, n, success_rate), alpha)
 
 
 class ExpansionTest(nn.Module):
@@ -84,22 +120,31 @@ class ExpansionTest(nn.Module):
         z: float = 1.645,
         alpha: float = 0.05,
         threshold: float | None = None,
+        reference: int = 0,
     ) -> None:
         super().__init__()
         self.beta, self.window, self.eps, self.trials, self.z = beta, window, eps, trials, z
-        derived, self.false_expansion_bound = threshold_for_alpha(trials, z, 1.0 - eps, alpha)
+        self.reference = reference
+        # The level is the k-th smallest of the last w confidences (of the R reference values
+        # with ``reference``), k = floor(eps (w + 1)): a new draw from the same distribution
+        # reaches it with probability 1 - k / (w + 1) ~ 1 - eps for any continuous distribution
+        # (an interpolated quantile of 10 values is biased up).
+        size = reference or window
+        self.rank = min(size, max(1, math.floor(eps * (size + 1)))) - 1
+        if reference:
+            cdf = reference_success_cdf(trials, reference, self.rank)
+            derived, self.false_expansion_bound = threshold_for_cdf(trials, z, cdf, alpha)
+        else:
+            derived, self.false_expansion_bound = threshold_for_alpha(trials, z, 1.0 - eps, alpha)
         self.threshold = derived if threshold is None else threshold
-        # q_t is the k-th smallest of the last w confidences with k = ceil(eps (w + 1)): a new
-        # draw from the same distribution reaches it with probability 1 - k / (w + 1) ~ 1 - eps
-        # for any continuous distribution (an interpolated quantile of 10 values is biased up).
-        self.rank = min(window, max(1, math.floor(eps * (window + 1)))) - 1
         # The pool holds the failures of the current block (at most n of them).
         self.register_buffer("pool", torch.zeros(trials, query_dim))
         self.reset()
 
     def reset(self) -> None:
-        self.recent: deque[float] = deque(maxlen=self.window)
-        self.level: float | None = None  # Q_t
+        self.recent: deque[float] = deque(maxlen=self.reference or self.window)
+        self.pending: list[float] = []  # the current block's values (``reference`` only)
+        self.level: float | None = None  # Q_t, or the reference quantile
         self.successes = 0
         self.block = 0
         self.pool_size = 0
@@ -123,12 +168,22 @@ class ExpansionTest(nn.Module):
             if not success and query is not None:
                 self.pool[self.pool_size] = query.detach().to(self.pool)
                 self.pool_size += 1
+            if self.reference:  # the block is tested against a level fixed at its start
+                self.pending.append(float(confidence))
             if self.block == self.trials:
                 expand = self._test()
-        self.recent.append(float(confidence))
-        if len(self.recent) == self.window:
-            q = sorted(self.recent)[self.rank]
-            self.level = q if self.level is None else self.beta * self.level + (1 - self.beta) * q
+        if not self.reference:
+            self.recent.append(float(confidence))
+            if len(self.recent) == self.window:
+                q = sorted(self.recent)[self.rank]
+                self.level = q if self.level is None else self.beta * self.level + (1 - self.beta) * q
+        elif not self.ready or not self.block:  # filling the reference, or a block just ended
+            if not self.ready:
+                self.recent.append(float(confidence))
+            self.recent.extend(self.pending)
+            self.pending = []
+            if len(self.recent) == self.reference:
+                self.level = sorted(self.recent)[self.rank]
         return expand
 
     def _test(self) -> bool:
@@ -151,17 +206,19 @@ class ExpansionTest(nn.Module):
         """Forget Q_t and the current block: trials restart once w new confidences are in.
         Called whenever slots are added, by SGSE or otherwise."""
         self.recent.clear()
+        self.pending = []
         self.level = None
         self.successes = self.block = self.pool_size = 0
 
     # ---- saving ----------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         keys = ("level", "successes", "block", "pool_size", "tests", "expansions")
-        return {"recent": list(self.recent), **{k: getattr(self, k) for k in keys}}
+        return {"recent": list(self.recent), "pending": list(self.pending), **{k: getattr(self, k) for k in keys}}
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.reset()
         self.recent.extend(state.get("recent", []))
+        self.pending = list(state.get("pending", []))
         for key in ("level", "successes", "block", "pool_size", "tests", "expansions"):
             if key in state:
                 setattr(self, key, state[key])

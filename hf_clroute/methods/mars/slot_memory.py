@@ -41,6 +41,7 @@ class Routing:
     probs: torch.Tensor  # p, zero on inactive slots
     confidence: torch.Tensor  # s = max_i p_i
     similarity: torch.Tensor  # max_i cos(q, k_i) over the active slots
+    energy: torch.Tensor  # tau * logsumexp_i(cos(q, k_i) / tau): minus the router's free energy
 
 
 class SlotMemory(nn.Module):
@@ -93,7 +94,8 @@ class SlotMemory(nn.Module):
         query, cosine, probs = self.route(h)
         normed = self.norm(h)
         output = (probs @ self.gamma) * normed + probs @ self.beta
-        return Routing(output, normed, query, probs, probs.max(dim=-1).values, cosine.max(dim=-1).values)
+        energy = self.tau * torch.logsumexp(cosine / self.tau, dim=-1)
+        return Routing(output, normed, query, probs, probs.max(dim=-1).values, cosine.max(dim=-1).values, energy)
 
     @torch.no_grad()
     def set_key(self, index: int, key: torch.Tensor) -> None:

@@ -57,3 +57,58 @@ class SlotStatistics(nn.Module):
         with the adapters as they are now: (A, d)."""
         slots = self.anchor_slots(active)
         return gamma[slots] * self.means(varsigma)[slots].to(gamma) + beta[slots]
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Start the statistics afresh (the next segment of the stream)."""
+        self.mass.zero_()
+        self.sums.zero_()
+
+
+class AnchorBank(nn.Module):
+    """Slot anchors kept after the statistics that made them have moved on.
+
+    The live statistics are an EMA over about ``stat_horizon`` steps, so a slot's anchor
+    follows whatever the slot is routed now: once a task ends its inputs are no longer
+    represented. The bank stores, at each snapshot, every used slot's router-weighted mean
+    input mu_i / c_i (in LN(h) space) with the slot's index; an anchor is rebuilt with the
+    slot's adapter as it is when used, a = gamma_i * m + beta_i, the paper's formula applied
+    to a mean that no longer drifts. Its size is bounded by slots x snapshots.
+
+    One buffer, ``entries`` = [slot index, mean] per row: checkpointing treats empty tensors
+    as aliases of each other and drops all but one, so the bank keeps no second empty buffer.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.register_buffer("entries", torch.zeros(0, 1 + dim))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    @property
+    def slots(self) -> torch.Tensor:
+        return self.entries[:, 0].long()
+
+    @property
+    def means(self) -> torch.Tensor:
+        return self.entries[:, 1:]
+
+    def resize(self, size: int) -> None:
+        """Make room for ``size`` entries so saved buffers load into them."""
+        self.entries = self.entries.new_zeros(size, self.entries.shape[1])
+
+    @torch.no_grad()
+    def snapshot(self, stats: SlotStatistics, active: torch.Tensor, varsigma: float) -> int:
+        """Bank the means of the active slots that took at least ``varsigma`` of the routing
+        mass since the statistics started, then restart them; returns how many were banked."""
+        slots = torch.nonzero(active.to(stats.mass.device) & (stats.mass >= varsigma)).flatten()
+        rows = torch.cat([slots.unsqueeze(1).to(stats.sums), stats.means(varsigma)[slots]], dim=1)
+        self.entries = torch.cat([self.entries, rows.to(self.entries)])
+        stats.reset()
+        return len(slots)
+
+    def anchors(self, gamma: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+        """a = gamma_slot * m + beta_slot for every banked mean: (len, d)."""
+        slots = self.slots.to(gamma.device)
+        return gamma[slots] * self.means.to(gamma) + beta[slots]
