@@ -1,21 +1,21 @@
 #!/usr/bin/env bash
 # Paired fp32-vs-bf16 check of A_T (and speed) on the suites where `auto` could pick bf16, at a scale a
-# 2-core CPU fits in about 15 CPU-minutes: wordnet (MiniLM) and split-mnist (the small ViT), each with a
+# 2-core CPU fits in about 15 CPU-minutes: wordnet (MiniLM), split-mnist and split-fashion (the small ViTs), each with a
 # gradient-trained row (finetune: bf16 in training and evaluation) and a frozen-feature row (slda: bf16 in
 # feature extraction), seeds 0-2. Every seed runs once in fp32 and once in bf16 (HF_CLROUTE_PRECISION),
 # the order alternating by seed so the machine's load hits both alike; the load average is recorded
 # around every run. Paired differences (bf16 - fp32) use the tables' paired t (hf_clroute.metrics).
 # Writes results/speed/precision_check.json; the runs go to runs/precision-check/.
-#   scripts/precision_check.sh [suite ...]     default: wordnet split-mnist
-# Scale: wordnet 20 training and 20 test definitions per class (800 / 800), split-mnist the quick
-# size's 200 training and 100 test images per class; no anytime evaluation, no forgetting probes.
+#   scripts/precision_check.sh [suite ...]     default: wordnet split-mnist split-fashion
+# Scale: wordnet 20 training and 20 test definitions per class (800 / 800), split-mnist and split-fashion
+# the quick size's 200 training and 100 test images per class; no anytime evaluation, no forgetting probes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
 SEEDS=${SEEDS:-0 1 2}
 METHODS=${METHODS:-finetune,slda}
-SUITES=${*:-wordnet split-mnist}
+SUITES=${*:-wordnet split-mnist split-fashion}
 RUNS=runs/precision-check
 mkdir -p "$RUNS"
 
@@ -27,6 +27,9 @@ suite_file() {  # suite -> a suite JSON at the check's scale, based on the built
     split-mnist) echo '{"base": "split-mnist", "name": "precision-check-split-mnist", "train_per_class": 200,
                         "test_per_class": 100, "validation_per_class": 20, "probe_forgetting": false,
                         "training": {"evals_per_task": 0}}' > "$file" ;;
+    split-fashion) echo '{"base": "split-fashion", "name": "precision-check-split-fashion", "train_per_class": 200,
+                          "test_per_class": 100, "validation_per_class": 20, "probe_forgetting": false,
+                          "training": {"evals_per_task": 0}}' > "$file" ;;
     *) echo "no check scale for suite $1" >&2; exit 2 ;;
   esac
   echo "$file"

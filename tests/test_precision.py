@@ -85,7 +85,7 @@ def test_auto_picks_bf16_only_for_measured_faster_checked_workloads(monkeypatch)
     resolve = lambda phase="train", batch=8, **kw: precision.resolve("auto", **{**TINY, **kw}, phase=phase,  # noqa: E731
                                                                      batch_size=batch)
     assert resolve().dtype is BF16 and "measured faster" in resolve().reason
-    assert resolve(batch=2).dtype is None and "slower" in resolve(batch=2).reason  # below the measured batch
+    assert resolve(batch=2).dtype is None and "not measured faster" in resolve(batch=2).reason  # below min_batch
     assert resolve(phase="eval").dtype is None and "not measured" in resolve(phase="eval").reason
     assert resolve(hidden_size=64).dtype is None  # another size of the same family: not measured
     _fake_table(monkeypatch, checked=())
