@@ -117,7 +117,9 @@ RECIPES: dict[str, Recipe] = {
     ),
     # Room to adapt and to route (issue 33): the stream's images, MNIST renditions, are never seen,
     # not even unlabelled; the backbone knows clothing only. 6 blocks of width 192 over 7x7 patches of
-    # 4 pixels (49 tokens + CLS), sized to pretrain in about 10 minutes on one core.
+    # 4 pixels (49 tokens + CLS). 240 steps fit a 10-minute budget on one idle core: the committed build
+    # took 6.6 CPU-minutes, decoding and the frozen probes included (31 minutes of wall time at a load
+    # average of 6 to 17 on 2 cores); its report records the rest.
     "vit-mnist-r-stream": Recipe(
         name="vit-mnist-r-stream",
         description=(
