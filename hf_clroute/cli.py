@@ -57,8 +57,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                    progress=not args.no_progress, command=command, merge=args.merge, selection=args.selection,
                    from_adapter=args.from_adapter, overrides=overrides)
     elif args.from_adapter:
-        raise ValueError(f"--from-adapter continues a classification adapter; suite {args.suite!r} has runner {kind!r}")
+        raise UserInputError(f"--from-adapter continues a classification adapter; suite {args.suite!r} has runner "
+                             f"{kind!r}")
     else:  # language-model domains, plasticity: their own rows, written the same way
+        if args.precision:  # these runners build their TrainingConfig from the suite: the engine reads it here
+            os.environ["HF_CLROUTE_PRECISION"] = args.precision
         runner.run(args.suite, methods=args.methods, seeds=args.seeds, quick=args.quick, out=out)
         record_command(out / "results.json", command)
     print((out / "results.md").read_text())
