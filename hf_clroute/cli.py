@@ -177,7 +177,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     """Load an adapter (local dir or Hub repo id) and score it on every task of a suite."""
     from .bench.evaluate import evaluate_adapter
 
-    result = evaluate_adapter(args.adapter, args.suite, seed=args.seed, quick=args.quick)
+    result = evaluate_adapter(args.adapter, args.suite, seed=args.seed, quick=args.quick,
+                              allow_backbone_mismatch=args.allow_backbone_mismatch)
     print(f"average over {len(result.accuracy)} tasks (A_T): {100 * result.average:.2f}%")
     print(f"all {sum(result.examples)} test examples: accuracy {100 * result.overall:.2f}%")
     return 0
@@ -307,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="stream seed (class order, test subsample); classes are matched to the adapter's "
                                "labels by name, so any seed scores the same classes correctly")
     evaluate.add_argument("--quick", action="store_true", help="the suite's reduced version")
+    evaluate.add_argument("--allow-backbone-mismatch", action="store_true",
+                          help="score the adapter on a backbone whose weights differ from the ones it was trained on "
+                               "(refused by default: its scores would not be the adapter's)")
     evaluate.set_defaults(func=cmd_evaluate)
 
     report = sub.add_parser("report", help="regenerate BENCHMARKS.md from committed results")

@@ -63,14 +63,17 @@ class CLConfig:
         default=None,
         metadata={
             "help": "The Hub commit the backbone was loaded at (recorded when `load_backbone` loaded it from the "
-            "Hub); `AutoCLModel.from_pretrained` loads the backbone at this commit. None: a local backbone."
+            "Hub), or 'sha256:<hex>' of a committed `pretrained-vit` backbone's weights; "
+            "`AutoCLModel.from_pretrained` loads the backbone at this commit. None: a local backbone."
         },
     )
     base_model_fingerprint: str | None = field(
         default=None,
         metadata={
-            "help": "'<model_type>:<hash>' of the backbone config's architecture-defining fields (recorded when the "
-            "adapter is created); loading onto a backbone with another fingerprint is refused. None: not recorded."
+            "help": "'<model_type>:<config hash>:w<weights hash>': a hash of the backbone config's "
+            "architecture-defining fields and of a few deterministically sampled weight tensors (recorded when the "
+            "adapter is created); loading onto a backbone with another fingerprint is refused unless "
+            "allow_backbone_mismatch=True. None: not recorded."
         },
     )
     scenario: str = field(

@@ -123,7 +123,7 @@ def hub_endpoint() -> str:
 
 def hub_call(fn: Callable[[], Any], *, what: str, revision: str | None = None, timeout: float | None = None) -> Any:
     """``fn()`` (a ``huggingface_hub`` call) with a deadline, its errors turned into one-line
-    :class:`~hf_clroute.errors.HubError`\ s naming ``what`` (e.g. ``adapter 'me/x'``) and the server.
+    :class:`~hf_clroute.errors.HubError` errors naming ``what`` (e.g. ``adapter 'me/x'``) and the server.
 
     The client itself waits without limit on some requests (a commit) and retries others, so a
     server that accepts and never answers would hang the caller: the call runs in a daemon thread

@@ -227,6 +227,22 @@ def test_the_cli_refuses_an_adapter_on_other_weights(tiny_suite, tmp_path, capsy
     assert main(["evaluate", "--adapter", str(tmp_path / "adapter"), "--suite", str(tmp_path / "other.json")]) == 2
     err = capsys.readouterr().err
     assert "other weights" in err and "Traceback" not in err
+    # the explicit override scores it (with a warning), exit 0
+    with pytest.warns(UserWarning, match="other weights"):
+        assert main(["evaluate", "--adapter", str(tmp_path / "adapter"), "--suite", str(tmp_path / "other.json"),
+                     "--allow-backbone-mismatch"]) == 0
+
+
+def test_continuing_an_adapter_from_the_bench_trains_it(tmp_path):
+    """`--from-adapter` loads with is_trainable=True: a frozen reload would continue training nothing."""
+    from hf_clroute.bench.classification import load_adapter_to_continue
+    from hf_clroute.bench.suites import SuiteConfig
+
+    model = head_trained(get_cl_model(tiny_vit(seed=0), FinetuneConfig()))
+    model.save_pretrained(tmp_path)
+    suite = SuiteConfig(name="t", dataset="mnist", backbone=model.config.base_model_name_or_path or "x")
+    continued = load_adapter_to_continue(tiny_vit(seed=0), str(tmp_path), suite)
+    assert continued.training and any(p.requires_grad for p in continued.parameters())
 
 
 # ---- 5. Hub calls: a deadline, and errors naming the repo and the server --------------------------------

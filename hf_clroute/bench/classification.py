@@ -96,7 +96,8 @@ def measured_suite(suite: SuiteConfig) -> dict[str, Any]:
 
 def load_adapter_to_continue(backbone: Any, from_adapter: str, suite: SuiteConfig) -> Any:
     """The adapter at ``from_adapter`` on ``backbone``, checked to be one for the suite's backbone."""
-    model = CLModel.from_pretrained(backbone, from_adapter)
+    # is_trainable: loading gives a frozen adapter for inference (as PEFT does); continuing trains it
+    model = CLModel.from_pretrained(backbone, from_adapter, is_trainable=True)
     base = model.config.base_model_name_or_path
     if base and base != suite.backbone:
         raise ValueError(f"adapter {from_adapter} was trained on backbone {base!r}, but suite {suite.name!r} uses "
