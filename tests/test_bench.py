@@ -166,6 +166,9 @@ def test_tune_picks_on_validation_and_bench_trains_with_the_pick(tiny_suite, tmp
                                  progress=False, selection=tmp_path / "tuned" / "selection.json")
     row = results["methods"]["finetune"]
     assert row["selection"] == record
+    # each seed's row records the pick it ran with and where it was chosen (a merge compares them)
+    assert row["per_seed"][0]["selection"]["pick"] == record["pick"]
+    assert "validation" in row["per_seed"][0]["selection"]["chosen_on"]
     assert row["settings"]["training"]["learning_rate"] == record["pick"]["training.learning_rate"]
     assert row["settings"]["sources"]["training.learning_rate"] == "selection (validation)"
     assert row["FWT"] is None  # class-incremental: undefined, not a number

@@ -127,8 +127,12 @@ def test_process_share_deals_each_global_batch_in_consecutive_parts():
 
     data = Dataset.from_dict({"i": list(range(10))}).to_iterable_dataset(num_shards=2)
     parts = [[row["i"] for row in process_share(data, 4, rank, 2)] for rank in (0, 1)]
-    # batches [0..3], [4..7], [8, 9]: the short last one is completed by its own rows
-    assert parts == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [8, 9]]]
+    # batches [0..3], [4..7], [8, 9]: the short last one splits evenly, each row used once (as one process would)
+    assert parts == [[[0, 1], [4, 5], [8]], [[2, 3], [6, 7], [9]]]
+    # a short last batch the processes cannot divide ([8, 9, 10] over 2) is completed by its own rows
+    data = Dataset.from_dict({"i": list(range(11))}).to_iterable_dataset(num_shards=1)
+    parts = [[row["i"] for row in process_share(data, 4, rank, 2)] for rank in (0, 1)]
+    assert parts == [[[0, 1], [4, 5], [8, 9]], [[2, 3], [6, 7], [10, 8]]]
     with pytest.raises(ValueError, match="batch_size=5 is the global batch and must divide evenly among the 2"):
         process_share(data, 5, 0, 2)
 

@@ -94,7 +94,9 @@ class RanPACConfig(FrozenStatisticsConfig):
             "help": "RanPAC head options: 'projection_dim' M (the Gram matrix is M x M float64), 'ridge_lambda' "
             "(> 0), 'nonlinearity' ('relu' or 'none') and 'lambda_mode': 'fixed' (lambda = ridge_lambda), "
             "'relative' (lambda = ridge_lambda x trace(G) / M, the same grid on every backbone) or 'gcv' (chosen "
-            "at every solve by generalized cross-validation, RanPAC's own choice on training data). The "
+            "at every solve by generalized cross-validation, RanPAC's own choice on training data), and "
+            "'gcv_min_classes' (default 5): below that many classes seen, 'gcv' solves with the relative "
+            "ridge_lambda, since GCV on one or two classes picks a lambda that breaks the early tasks. The "
             "projection's seed is head_init_seed."
         },
     )

@@ -25,10 +25,11 @@ from ..metrics import aggregate_runs, mean_std, summarize
 from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
-from .report import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_floor, edge_mark, paired_cell, se_cell
+from .report import edge_mark, se_cell
+from .verdicts import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_floor, paired_cell
 from .probes import PROBE_NAME, ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
-from .results import write_run
+from .results import pick_record, write_run
 from .settings import RunSettings, load_selection, resolve_run
 from .suites import NOT_MEASURED, SuiteConfig, build_stream, drop_methods, load_suite_backbone, same_suite_config
 
@@ -211,6 +212,7 @@ def run_bench(
             )
             row = summarize_result(result, suite.scenario)
             row["wall_s"] = time.perf_counter() - started + (cache_s if use_cache else 0.0)
+            row["selection"] = pick_record(selection.get(method))  # a merge refuses seeds run with other picks
             solved = getattr(model.head, "solved_lambda", None)  # a ridge head: the lambda its last solve used
             if solved is not None:
                 row["ridge_lambda"] = solved

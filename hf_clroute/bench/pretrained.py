@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from ..pretrained_assets import ASSET_FILES, CHECKSUMS_NAME, COMPRESSED, installed_asset_path
 from ..pretrained_assets import sha256_file as _sha256
-from .probes import fit_logistic
+from .probes import linear_probe_accuracy  # the probe lives with the probes; importable here too
 
 __all__ = [
     "RECIPES",
@@ -351,13 +351,6 @@ def ncm_accuracy(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Ten
     pred = classes[(F.normalize(test_x, dim=1) @ means.T).argmax(1)]
     return (pred == test_y).float().mean().item()
 
-
-def linear_probe_accuracy(train_x: torch.Tensor, train_y: torch.Tensor, test_x: torch.Tensor,
-                          test_y: torch.Tensor, weight_decay: float = 1e-4, max_iter: int = 500) -> float:
-    """Test accuracy of multinomial logistic regression on standardised features, run to convergence
-    (:func:`~hf_clroute.bench.probes.fit_logistic`; mean/std from the training features only)."""
-    predict = fit_logistic(train_x, train_y, weight_decay, max_iter=max_iter)
-    return (predict(test_x) == test_y).float().mean().item()
 
 
 def frozen_probe_report(model_path: str | os.PathLike | Any, dataset_name: str,

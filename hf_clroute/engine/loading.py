@@ -30,6 +30,8 @@ from accelerate import Accelerator
 from accelerate.utils import send_to_device
 from torch.utils.data import DataLoader, get_worker_info
 
+from ..data.streaming import batch_parts
+
 if TYPE_CHECKING:
     from .trainer import TrainingConfig
 
@@ -127,23 +129,21 @@ def process_share(data: datasets.IterableDataset, batch_size: int, process_index
                   num_processes: int) -> datasets.IterableDataset:
     """Process ``process_index``'s part of every global batch of a training stream, one part a row.
 
-    Each global batch of ``batch_size`` rows is cut into ``num_processes`` consecutive parts of
-    ``batch_size // num_processes`` rows; ``split_dataset_by_node`` (``examples`` strategy: part k
-    of each batch to process k, whatever the shard count) gives this process its part. A short
-    last batch is first completed by repeating its own rows, so every process takes the same
-    number of steps (Accelerate's loader completes it from the stream's first rows instead).
-    Images stay undecoded here: :class:`ShareReader` decodes only this process's parts.
+    Each global batch of ``batch_size`` rows is cut into ``num_processes`` consecutive parts
+    (:func:`~hf_clroute.data.streaming.batch_parts`); ``split_dataset_by_node`` (``examples``
+    strategy: part k of each batch to process k, whatever the shard count) gives this process its
+    part. A short last batch is cut into equal parts when the processes divide its rows (each row
+    used once, the step one process takes); otherwise it is completed by repeating its own rows, so
+    every process takes the same number of steps. Every process reads the stream's undecoded rows;
+    :class:`ShareReader` decodes only this process's parts.
     """
     if batch_size % num_processes:
         raise ValueError(f"TrainingConfig.batch_size={batch_size} is the global batch and must divide evenly "
                          f"among the {num_processes} processes")
-    part = batch_size // num_processes
 
     def deal(batch: Columns) -> Columns:
-        rows = len(next(iter(batch.values())))
-        order = np.resize(np.arange(rows), batch_size)  # whole batches unchanged; a short one wraps around
-        return {name: [[values[i] for i in order[k * part:(k + 1) * part]] for k in range(num_processes)]
-                for name, values in batch.items()}
+        parts = batch_parts(len(next(iter(batch.values()))), batch_size, num_processes)
+        return {name: [[values[i] for i in part] for part in parts] for name, values in batch.items()}
 
     parts = data.decode(False).map(deal, batched=True, batch_size=batch_size)
     return split_dataset_by_node(parts, rank=process_index, world_size=num_processes, strategy="examples")
