@@ -4,7 +4,6 @@
 #   scripts/mars_ablations.sh validate   # the mars row's options, each set back one at a time, tuned
 #   scripts/mars_ablations.sh rows       # each ablation and control tuned, then 5 seeds with its pick
 #   scripts/mars_ablations.sh row NAME   # one of them (rows can run as parallel processes)
-#   scripts/mars_ablations.sh merge      # one table of every row -> results/mars-$SUITE/table
 #   scripts/mars_ablations.sh paired     # per-seed paired differences -> results/mars-split-mnist/paired.json
 # SUITE (default split-mnist) and SEEDS (default 0,1,2,3,4) override; results go to results/mars-$SUITE.
 set -euo pipefail
@@ -36,8 +35,7 @@ case "${1:-all}" in
         "$BIN/hf-clroute" bench --suite "$SUITE" --methods "$BASELINE" --seeds "${FINETUNE_SEEDS:-0,1,2}" \
           --out "$OUT/parts/$BASELINE" --no-progress ;;
   row) row "$2" ;;
-  merge) "$BIN/hf-clroute" merge "$OUT"/parts/* --out "$OUT/table" ;;
   paired) "$BIN/python" scripts/mars_paired.py "$OUT" ;;
-  all) "$0" validate; "$0" rows; "$0" merge; "$0" paired ;;
-  *) echo "usage: $0 [validate|rows|row METHOD|merge|paired|all]" >&2; exit 2 ;;
+  all) "$0" validate; "$0" rows; "$0" paired ;;
+  *) echo "usage: $0 [validate|rows|row METHOD|paired|all]" >&2; exit 2 ;;
 esac

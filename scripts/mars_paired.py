@@ -4,9 +4,9 @@
 
 Targets (MaRS paper, 10-task CIFAR-100 with frozen CLIP): full MaRS at least 1.5x naive fine-tuning's
 A_T (57.50 vs 30.26, 1.9x) and above each ablation (no SGSE ~41, no anchors ~42) by a significant
-paired margin. Reads table/results.json (every row, merged), selection.json (the validation study of
-the mars row's options) and tune/<row>/selection.json (each row's pick); writes paired.json and
-paired.md in OUT.
+paired margin. Reads parts/<row>/results.json (one bench run per row; the seeds of a suite draw the
+same streams in every run), selection.json (the validation study of the mars row's options) and
+tune/<row>/selection.json (each row's pick); writes paired.json and paired.md in OUT.
 """
 
 from __future__ import annotations
@@ -54,11 +54,14 @@ def sgse_timing(row: dict, window: int = 10) -> list[dict]:
 
 
 def table(out: Path) -> dict:
-    results = json.loads((out / "table" / "results.json").read_text())
-    seeds, methods = results["seeds"], results["methods"]
-    a_t = {m: per_seed(row, seeds) for m, row in methods.items()}
+    runs = [json.loads(f.read_text()) for f in sorted((out / "parts").glob("*/results.json"))]
+    if len({r["suite"] for r in runs}) != 1:
+        raise SystemExit(f"{out}/parts holds runs of several suites: {sorted({r['suite'] for r in runs})}")
+    methods = {m: row for r in runs for m, row in r["methods"].items()}
+    a_t = {m: per_seed(row, r["seeds"]) for r in runs for m, row in r["methods"].items()}
     rows = {m: {**mean_std(list(v.values())), "per_seed": v} for m, v in a_t.items()}
-    report: dict = {"suite": results["suite"], "seeds": seeds, "A_T": rows, "targets": {
+    seeds = sorted({s for v in a_t.values() for s in v})
+    report: dict = {"suite": runs[0]["suite"], "seeds": seeds, "A_T": rows, "targets": {
         "ratio_to_finetune": TARGET_RATIO, "above_each_ablation": "paired t, p < 0.05"}}
     if FULL in a_t:
         report["full_vs_ablation"] = {m: paired_difference(a_t[FULL], a_t[m]) for m in ABLATIONS if m in a_t}
@@ -77,6 +80,11 @@ def table(out: Path) -> dict:
 
     if (out / "selection.json").is_file():
         report["validation"] = picks(out / "selection.json")
+        report["validation_note"] = (
+            "The validation study ran while the mars row used SGSE on the nearest-key similarity against a "
+            "calibrated 200-input reference: its entry 'mars' is that base (now mars-val-calibrated-sgse), each "
+            "mars-val-* row the base with one option set otherwise. mars-val-tracked-sgse scored highest, so the "
+            "mars row now uses the tracked level; its own pick is row_picks['mars'].")
     report["row_picks"] = {k: v for f in sorted((out / "tune").glob("*/selection.json"))
                            for k, v in picks(f, f.parent.name).items()}
     return report
