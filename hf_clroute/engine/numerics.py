@@ -37,11 +37,11 @@ def phase_choices(model: torch.nn.Module, config: Any, accelerator: Accelerator)
 
 
 def describe(choices: dict[str, Choice], threads: dict[str, Any]) -> str:
-    """The one line a run prints about its precision and threads."""
+    """The one line a run prints about its precision and threads (the reasons are in its records)."""
+    settings = "/".join(dict.fromkeys(c.setting for c in choices.values()))
     chosen = ", ".join(f"{phase} {c.name if c.setting != 'accelerate' else 'accelerate'}"
                        for phase, c in choices.items())
-    reasons = "; ".join(dict.fromkeys(c.reason for c in choices.values()))
-    return f"precision: {chosen} ({reasons}); torch threads {threads['threads']} ({threads['reason']})"
+    return f"precision ({settings}): {chosen}; torch threads {threads['threads']} ({threads['reason']})"
 
 
 def check_step(loss: torch.Tensor, grad_norm: Any, optimizer: torch.optim.Optimizer, where: str) -> None:
