@@ -182,7 +182,7 @@ def _figure(stat: dict | None, digits: int = 2) -> str:
 def _paired_cell(paired: dict | None, ratio: float | None) -> str:
     if paired is None:
         return "n/a"
-    p = "n/a" if paired["p"] is None else f"{paired['p']:.3f}"
+    p = "n/a" if paired["p"] is None else ("< 0.001" if paired["p"] < 0.001 else f"{paired['p']:.3f}")
     cell = f"{paired['mean']:+.2f} ± {paired['std']:.2f} ({paired['wins']}/{paired['n']} seeds, p {p}: {paired['verdict']})"
     return cell + (f"; ratio {ratio:.2f}x" if ratio is not None else "")
 
