@@ -157,7 +157,7 @@ class CLConfig:
             "the stream the engine trains the method's adapter with a temporary linear head on the first task "
             "(or on a split carved from its training data), freezes it, and the statistics head (head='prototype', "
             "'lda' or 'ranpac', required) then accumulates the whole stream on the adapted features in eval mode. "
-            "Fields: hf_clroute.adaptation.AdaptationConfig. None: no adaptation."
+            "Fields: hf_clroute.adaptation_config.AdaptationConfig. None: no adaptation."
         },
     )
     adaptation_record: dict[str, Any] | None = field(
@@ -176,7 +176,7 @@ class CLConfig:
         self._normalise_labels()
 
     def _check_adaptation(self) -> None:
-        from .adaptation import AdaptationConfig
+        from .adaptation_config import AdaptationConfig
         from .heads import HEAD_KINDS
 
         name = type(self).__name__
@@ -192,8 +192,8 @@ class CLConfig:
                              f"head={self.head!r}: the adapted features are read by a closed-form head")
 
     def adaptation_config(self) -> Any:
-        """``adaptation`` as an :class:`~hf_clroute.adaptation.AdaptationConfig` (None when off)."""
-        from .adaptation import AdaptationConfig
+        """``adaptation`` as an :class:`~hf_clroute.adaptation_config.AdaptationConfig` (None when off)."""
+        from .adaptation_config import AdaptationConfig
 
         return None if self.adaptation is None else AdaptationConfig(**self.adaptation)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from huggingface_hub import ModelCardData
 
-from .adaptation import describe_record
+from .adaptation_config import describe_record
 from .backbones import BACKBONES, is_backbone_name
 from .config import CLConfig
 

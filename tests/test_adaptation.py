@@ -16,14 +16,14 @@ import torch
 from transformers import ViTModel
 
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.adaptation import AdaptationConfig, describe_record
+from hf_clroute.adaptation_config import AdaptationConfig, describe_record
 from hf_clroute.backbones import get_backbone_spec, pooled_features, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig, LoraBaselineConfig
 from hf_clroute.bench.feature_cache import encode
 from hf_clroute.bench.probes import model_features
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
-from hf_clroute.engine.adaptation import adapter_parameters, carve_adaptation_split
+from hf_clroute.engine.first_session import adapter_parameters, carve_adaptation_split
 from hf_clroute.heads import build_head
 from hf_clroute.methods.rwf import RwfConfig
 from hf_clroute.model import CLModel
@@ -122,7 +122,7 @@ def test_adapt_then_accumulate_from_step_0_in_eval_mode(stream, config, tmp_path
     assert result.params["trainable_params"] == trained and result.params["trainable_pct"] > 0
 
     model.save_pretrained(tmp_path / "adapter")
-    reloaded = CLModel.from_pretrained(dropout_vit(), tmp_path / "adapter")
+    reloaded = CLModel.from_pretrained(dropout_vit(), tmp_path / "adapter", is_trainable=True)  # to train it on
     assert reloaded.config.adaptation_record == record
     batch = COLLATOR([stream[1].test[i] for i in range(8)])
     model.eval(), reloaded.eval()
@@ -133,7 +133,7 @@ def test_adapt_then_accumulate_from_step_0_in_eval_mode(stream, config, tmp_path
     named = dict(reloaded.named_parameters())
     again = [named[names[id(p)]] for p in adapter]
     before = [p.detach().clone() for p in again]
-    assert all(p.requires_grad for p in again)  # rebuilt from the config: trainable until the engine freezes it
+    assert all(p.requires_grad for p in again)  # loaded to train on: trainable until the engine freezes it
     rerun = ContinualTrainer(reloaded, stream, settings, COLLATOR, make_accelerator(settings, cpu=True))
     assert "adaptation" not in rerun.fit().records
     assert all(torch.equal(a, p) and not p.requires_grad for a, p in zip(before, again))

@@ -21,7 +21,7 @@ from hf_clroute import CLModel, ContinualTrainer, TrainingConfig, get_cl_model
 from hf_clroute.bench.feature_cache import FeatureCollator
 from hf_clroute.data.streams import Experience
 from hf_clroute.engine import make_accelerator
-from hf_clroute.engine.adaptation import adapter_parameters
+from hf_clroute.engine.first_session import adapter_parameters
 from hf_clroute.methods.mars import MarsConfig
 
 from test_mars import D, one_thread, tiny_vit  # noqa: F401  (one_thread: an autouse fixture)

@@ -44,7 +44,7 @@ from ..outputs import CLModelOutput, model_inputs
 from ..precision import check_setting
 from ..progress import bars_enabled, log_line, progress_bar, task_line
 from ..threads import apply_default_threads
-from .adaptation import prepare_adaptation, reaccumulate_statistics
+from .first_session import prepare_adaptation, reaccumulate_statistics
 from .callbacks import Callback
 from .checkpoint import find_checkpoint, read_state, save_checkpoint
 from .evaluation import EvalCache, EvalTimer, batch_bytes, evaluate_experience, feature_batches, test_loader
@@ -286,7 +286,7 @@ class ContinualTrainer:
             log_line(describe(self.precision, self.threads))
         if not self.result.untrained_accuracy:  # b_j: the model before any training, adaptation included
             self.result.untrained_accuracy = self._untrained_accuracy()
-        prepare_adaptation(self)  # first-session adaptation, when configured (engine/adaptation.py)
+        prepare_adaptation(self)  # first-session adaptation, when configured (engine/first_session.py)
         for task_id in range(start_task, len(self.stream)):
             if not self._train_experience(task_id):
                 break  # stopped by stop_after_steps; resumable from the last checkpoint

@@ -86,7 +86,7 @@ class ContinualMethod(nn.Module):
     unsupported_hint: str = ""
     #: whether the shared incremental linear head produces the logits.
     uses_head: bool = True
-    #: whether first-session adaptation (``engine/adaptation.py``) calls this method's ``begin_task``,
+    #: whether first-session adaptation (``engine/first_session.py``) calls this method's ``begin_task``,
     #: ``after_step`` and ``on_task_end`` around its phase, as for one task trained with the temporary
     #: linear head. Off by default: most methods need no per-step state to train their adapter, and
     #: their bookkeeping (e.g. APN's patch usage) would otherwise count the phase as part of task 0.

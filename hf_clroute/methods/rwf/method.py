@@ -14,7 +14,7 @@ method's loss, on by default for RwF).
 head the statistics gathered while the routers moved mix many router states: at the
 task end where the routers freeze, the engine resets the head and reads the seen
 tasks' training streams again under the frozen routers, in eval mode
-(``engine.adaptation.reaccumulate_statistics``). The cleaner protocol is first-session
+(``engine.first_session.reaccumulate_statistics``). The cleaner protocol is first-session
 adaptation (``adaptation={"on": "first_task", ...}``): the routers train with a
 temporary linear head before the stream, freeze, and the statistics head reads the
 whole stream from step 0 (``rwf-fsa-slda``, ``rwf-fsa-ranpac``). ``track()``

@@ -1,7 +1,7 @@
 """The adaptation phase before the stream, and statistics read again when an adapter freezes.
 
 :func:`prepare_adaptation` runs first-session adaptation (``CLConfig.adaptation``, see
-:mod:`hf_clroute.adaptation`) inside ``ContinualTrainer.fit``, after the untrained accuracy
+:mod:`hf_clroute.adaptation_config`) inside ``ContinualTrainer.fit``, after the untrained accuracy
 b_j is measured (b_j is the model before any training, and the adaptation trains on the
 first task's data) and before task 0:
 
@@ -55,7 +55,7 @@ from .prepared import release_prepared
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
 
-    from ..adaptation import AdaptationConfig
+    from ..adaptation_config import AdaptationConfig
     from ..model import CLModel
     from .trainer import ContinualTrainer
 

@@ -6,7 +6,7 @@ RwF's routers, APN's patches, the last block) with a temporary linear head on th
 task (or on a labelled split carved from its training data), freeze it, then read the
 whole stream with a closed-form statistics head on the adapted features. Any method whose
 adapter trains accepts it through ``CLConfig.adaptation``; the engine runs the phase
-(``hf_clroute.engine.adaptation``).
+(``hf_clroute.engine.first_session``).
 """
 
 from __future__ import annotations
