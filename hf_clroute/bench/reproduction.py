@@ -35,6 +35,14 @@ from ..metrics.aggregate import mean_std, paired_difference
 
 COMPARES = ("greater", "less", "ratio_at_least", "ratio_at_most", "near")
 CLAIMS_FILE = Path("reproduction") / "claims.json"
+#: the commands that remake the results the claims read (each script's header says what it runs)
+COMMANDS = (
+    "scripts/mars_ablations.sh validate && scripts/mars_ablations.sh rows && scripts/mars_ablations.sh paired",
+    "scripts/apn_repro.sh            # char-level Shakespeare, then KJV: dense vs APN, 3 seeds",
+    "scripts/qoa_plasticity.sh       # 7x7 permuted MNIST, 120 tasks: backprop, continual backprop, QOA, 3 seeds",
+    "scripts/room_suite.sh           # Split-MNIST-R: its backbone, its headroom study and the RwF rows",
+    "hf-clroute report               # this page",
+)
 
 
 @dataclass(frozen=True)
@@ -197,6 +205,7 @@ def reproduction_table(results_root: Path) -> str:
         f"Claims and their settings: `{CLAIMS_FILE.as_posix()}` under the results folder; our figures, paired "
         "verdicts and statuses are computed from the committed results (`hf_clroute/bench/reproduction.py`). "
         "Our figure: a and b, mean ± std over seeds; paired: a - b per seed, paired t (p < 0.05).\n",
+        "```bash\n" + "\n".join(COMMANDS) + "\n```\n",
         "| paper | claim | paper's figure | our setting | ours: a / b | paired a - b | status |",
         "|---|---|---|---|---|---|---|",
     ]
