@@ -30,11 +30,14 @@ def tmp_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_recipes_disjoint_source_and_target():
-    assert set(RECIPES) == {"vit-mnist-stream", "vit-fashion-stream"}
+    assert set(RECIPES) == {"vit-mnist-stream", "vit-fashion-stream", "vit-mnist-r-stream"}
     for recipe in RECIPES.values():
         assert recipe.source != recipe.target
     assert RECIPES["vit-mnist-stream"].target == "mnist"
     assert RECIPES["vit-fashion-stream"].target == "fashion_mnist"
+    # the room suite's backbone never sees a digit: its labelled and unlabelled data are both Fashion-MNIST
+    room = RECIPES["vit-mnist-r-stream"]
+    assert room.target == "mnist_r" and room.source == "fashion_mnist" and room.unlabelled == "fashion_mnist"
 
 
 def test_tiny_build_is_a_loadable_checkpoint(tmp_cache: Path):
@@ -114,7 +117,8 @@ def test_committed_asset_is_the_default_recipe(recipe: str, tmp_cache: Path):
     assert asset is not None, f"no committed asset for {recipe}: run training/pretrain_vit.py --asset"
     path = pretrained_vit_path(recipe, build=False)  # raises unless every sha256 matches
     report = pretrained.read_report(path)
-    assert report["settings"] == pretrained._train_module().DEFAULTS, "defaults changed: rebuild the asset"
+    expected = {**pretrained._train_module().DEFAULTS, **(RECIPES[recipe].settings or {})}
+    assert report["settings"] == expected, "defaults changed: rebuild the asset"
     assert report["recipe"] == RECIPES[recipe].to_dict() and report["target_labels_used"] is False
     model = ViTForImageClassification.from_pretrained(path)
     assert sum(p.numel() for p in model.parameters()) == report["num_parameters"]

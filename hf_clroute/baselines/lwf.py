@@ -73,8 +73,9 @@ class LwF(ContinualMethod):
             teacher = functional_call(model, dict(self.teacher.items()), args=(), kwargs=inputs, strict=False).logits
         model.train(was_training)
         T = self.config.temperature
-        log_student = F.log_softmax(logits[:, :old] / T, dim=-1)
-        log_teacher = F.log_softmax(teacher[:, :old] / T, dim=-1)
+        # .float(): under bf16 autocast log_softmax would run in bf16; losses stay fp32
+        log_student = F.log_softmax(logits[:, :old].float() / T, dim=-1)
+        log_teacher = F.log_softmax(teacher[:, :old].float() / T, dim=-1)
         kl = F.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean")
         return self.config.lwf_lambda * T * T * kl
 

@@ -158,6 +158,8 @@ def summarize_result(result: StreamResult, scenario: str) -> dict[str, Any]:
         }
     if result.records.get("routing"):
         row |= {"routing_health": result.records["routing"], **final_health(result.records["routing"])}
+    # what ran in which precision and on how many threads, so bf16 rows are told from fp32 ones
+    row |= {key: result.records[key] for key in ("precision", "threads") if key in result.records}
     return row
 
 
@@ -213,6 +215,8 @@ def run_bench(
             row = summarize_result(result, suite.scenario)
             row["wall_s"] = time.perf_counter() - started + (cache_s if use_cache else 0.0)
             row["selection"] = pick_record(selection.get(method))  # a merge refuses seeds run with other picks
+            if use_cache:
+                row["feature_precision"] = feature_stream[0].info.get("feature_precision")
             solved = getattr(model.head, "solved_lambda", None)  # a ridge head: the lambda its last solve used
             if solved is not None:
                 row["ridge_lambda"] = solved

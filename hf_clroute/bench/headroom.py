@@ -292,13 +292,14 @@ def adapt(headroom: HeadroomSuite, suite: SuiteConfig, name: str, seed: int, joi
     if len(runs[pick["learning_rate"]][1]) != pick["epochs"]:
         train(pick["learning_rate"], pick["epochs"])
     model = runs[pick["learning_rate"]][0]
+    trained = int(model.parameter_counts()["trainable_params"])  # counted before the freeze below
     model.requires_grad_(False)  # the adapter is a fixed feature extractor from here on
     model.eval()
     tried = grid + [e["point"] for e in found["extensions"]]
     scores = found["validation_A_T"] + [e["validation_A_T"] for e in found["extensions"]]
     record = {"grid": [{**p, "validation": v} for p, v in zip(tried, scores)], "pick": pick,
               "validation": found["pick_validation_A_T"], "extensions": found["extensions"], "edge": found["edge"],
-              "edge_axes": found["edge_axes"], "trainable_params": int(model.parameter_counts()["trainable_params"])}
+              "edge_axes": found["edge_axes"], "trainable_params": trained}
     return model, record
 
 

@@ -27,12 +27,13 @@ import zlib
 import numpy as np
 from datasets import ClassLabel, Dataset, Features, Image
 
-from .sources import SPLITS, _png_bytes, load_source
+from collections.abc import Callable
 
 __all__ = ["STYLES", "RENDITION_SEED", "example_rng", "render", "render_images", "rendition_splits"]
 
 STYLES = ("edges", "inverted", "blur", "painted", "stipple", "elastic")
 RENDITION_SEED = 20261203  # fixed: part of every example's generator seed, so builds repeat
+SPLITS = ("train", "test")  # the sources' splits, in the order their index enters the seed
 
 
 def example_rng(base: str, split: str, index: int) -> np.random.Generator:
@@ -137,10 +138,11 @@ def render_images(images: np.ndarray, base: str, split: str) -> tuple[np.ndarray
     return np.stack([p[0] for p in pairs]), np.array([p[1] for p in pairs], dtype=np.int64)
 
 
-def rendition_splits(base: str) -> dict[str, Dataset]:
-    """The ``train``/``test`` splits of source ``base`` rendered: ``image``, ``label`` (the base's
-    classes) and ``style`` (which rendition; loaders drop it, analyses may read it)."""
-    splits = load_source(base)
+def rendition_splits(base: str, splits: dict[str, Dataset], png: Callable[[np.ndarray], bytes]) -> dict[str, Dataset]:
+    """The ``train``/``test`` ``splits`` of source ``base`` rendered: ``image``, ``label`` (the base's
+    classes) and ``style`` (which rendition; loaders drop it, analyses may read it). ``png`` encodes
+    an image; the caller (``data.sources``) passes the base's splits and its encoder, so this module
+    imports nothing from there."""
     out = {}
     for split in SPLITS:
         ds = splits[split]
@@ -148,6 +150,6 @@ def rendition_splits(base: str) -> dict[str, Dataset]:
         images, styles = render_images(pixels, base, split)
         features = Features({"image": Image(), "label": ds.features["label"], "style": ClassLabel(names=list(STYLES))})
         out[split] = Dataset.from_dict(
-            {"image": [{"bytes": _png_bytes(im), "path": None} for im in images],
+            {"image": [{"bytes": png(im), "path": None} for im in images],
              "label": np.asarray(ds["label"], dtype=np.int64), "style": styles}, features=features)
     return out

@@ -448,10 +448,12 @@ def _build_wordnet() -> Splits:
 
 
 def _renditions(base: str) -> Splits:
-    """Source ``base`` redrawn in other styles; imported late because renditions reads ``base`` through here."""
-    from .renditions import rendition_splits
+    """Source ``base`` redrawn in other styles (``data.renditions``)."""
+    from .renditions import SPLITS as RENDITION_SPLITS, rendition_splits  # late: only this source needs it
 
-    return rendition_splits(base)
+    if RENDITION_SPLITS != SPLITS:  # a rendition's seed depends on its split's index
+        raise RuntimeError(f"data.renditions.SPLITS {RENDITION_SPLITS} differs from data.sources.SPLITS {SPLITS}")
+    return rendition_splits(base, load_source(base), _png_bytes)
 
 
 SOURCES: dict[str, Source] = {

@@ -161,10 +161,11 @@ class StatisticsHead(nn.Module):
         self._solve()
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """(B, num_classes) logits in ``features``' dtype; classes with no examples get ``-inf``."""
+        """(B, num_classes) logits in ``features``' dtype, at least float32 (bf16 features would round close
+        scores into ties at the argmax); classes with no examples get ``-inf``."""
         x = self._check_features(features)
         logits = self._logits(x).masked_fill(self.counts == 0, float("-inf"))
-        return logits.to(features.dtype)
+        return logits.to(torch.promote_types(features.dtype, torch.float32))
 
     def extra_state(self) -> dict[str, Any]:
         """JSON state needed to rebuild this head's shape before ``load_state_dict``.

@@ -93,7 +93,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 def supervised_contrastive(features: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
     """SupCon (Khosla et al. 2020) over one batch; anchors without a positive are skipped."""
-    z = F.normalize(features, dim=-1)
+    z = F.normalize(features.float(), dim=-1)  # fp32 whatever the autocast: a loss
     sim = z @ z.T / temperature
     self_mask = torch.eye(len(z), dtype=torch.bool, device=z.device)
     log_prob = sim.masked_fill(self_mask, float("-inf")).log_softmax(dim=-1)
@@ -123,8 +123,8 @@ def distillation(student: torch.Tensor, teacher: torch.Tensor, temperature: floa
     (equal widths) to the current batch, whose inputs belong to the new classes.
     """
     k = teacher.shape[-1]
-    log_student = F.log_softmax(student / temperature, dim=-1)[:, :k]
-    log_teacher = F.log_softmax(teacher / temperature, dim=-1)
+    log_student = F.log_softmax(student.float() / temperature, dim=-1)[:, :k]  # fp32 under any autocast
+    log_teacher = F.log_softmax(teacher.float() / temperature, dim=-1)
     per_sample = (log_teacher.exp() * (log_teacher - log_student)).sum(dim=-1)
     return per_sample.mean() * temperature**2
 

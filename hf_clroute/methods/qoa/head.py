@@ -55,7 +55,7 @@ def classification_log_probs(prediction: torch.Tensor, num_classes: int, probabi
     """
     prediction = prediction[:, :num_classes]
     if not probabilities:
-        return F.log_softmax(prediction, dim=-1)
+        return F.log_softmax(prediction.float(), dim=-1)  # fp32 under any autocast: it feeds the loss
     return torch.log((1.0 - floor) * prediction + floor / num_classes)
 
 
