@@ -12,8 +12,10 @@ setup:
 data: setup
 	$(BIN)/hf-clroute data prepare
 
+# The suite's wall time is printed at the end (CI must stay under 30 minutes), with its slowest tests.
 test: data
-	HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests
+	@start=$$(date +%s); HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests --durations=15; status=$$?; \
+	echo "make test: the test suite took $$(( $$(date +%s) - start )) s"; exit $$status
 
 # The demo needs only MNIST (`make data` builds every source); its backbone is the committed
 # pretrained ViT (hf_clroute/assets/pretrained), installed into the cache on first use.

@@ -31,6 +31,8 @@ SKIPPED = {
     "make test": "this test suite itself",
     "make demo": "test_make_demo_prints_its_table runs its recipe on a fresh cache with the committed backbone",
     "make setup data": "installs system packages, torch and the venv: done once per machine, before any test",
+    ".venv/bin/python -c \"from hf_clroute import AutoCLModel; m = AutoCLModel.from_pretrained('runs/demo": (
+        "loads `make demo`'s output: test_make_demo_prints_its_table runs it on the demo it made"),
     "hf-clroute bench --suite charlm-domains": "trains four char-level GPT-2 variants over three text domains: "
                                                "over 6 minutes on 2 cores even at quick sizes (test_apn covers the runner)",
 }
@@ -202,6 +204,14 @@ def test_make_demo_prints_its_table(tmp_path: Path):
     assert scores["ncm"]["A_T"] > scores["finetune"]["A_T"] + 20
     assert scores["ncm"]["F_T"] < scores["finetune"]["F_T"] - 20
     check_readme_demo_table(cells)
+
+    # README's example: the demo's adapter loads by its directory alone, in eval mode
+    [load] = [c for b in readme_blocks() for c in b if "AutoCLModel.from_pretrained('runs/demo" in c]
+    loaded = subprocess.run(["bash", "-c", load.replace(".venv/bin/python", str(VENV / "bin" / "python"))],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    name, training, labels = loaded.stdout.split(" ", 2)
+    assert training == "False" and labels.startswith("{0: "), loaded.stdout  # eval mode, the demo's labels
 
 
 #: how far a README cell may be from the demo's (points): torch's thread count follows the machine's

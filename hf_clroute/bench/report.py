@@ -15,6 +15,7 @@ from pathlib import Path
 from ..io import atomic_write_text
 from ..metrics.aggregate import binomial_se
 from .reproduction import reproduction_table
+from .speed_report import markdown as speed_markdown
 from .headroom import READOUTS, mean_of, paired_gain, readout_edge_mark, strongest_readout
 from .settings import registered_method
 from .verdicts import (  # noqa: F401  (the classification runner's results.md reads them from here too)
@@ -62,7 +63,9 @@ def write_benchmarks(results_root: Path, out: Path) -> Path:
             f"## {title(results_file.parent.name, results['suite'])}\n\n```bash\n{command}\n```\n\n{table}\n" + (f"\nPlots: {links}\n" if links else "")
         )
     headroom = {path.parent.name: r for path, r in runs.items() if r.get("kind") == "headroom"}
-    page = (HEADER + reproduction_table(results_root) + controls_table(classification, test_sizes)
+    speed = speed_markdown(results_root / "speed") if (results_root / "speed").is_dir() else ""
+    page = (HEADER + reproduction_table(results_root) + (speed + "\n" if speed else "")
+            + controls_table(classification, test_sizes)
             + adaptation_table(classification)
             + headroom_table(headroom) + summary_table(classification) + study_tables(classification))
     atomic_write_text(out, page + "\n".join(sections))

@@ -39,8 +39,8 @@ CLAIMS_FILE = Path("reproduction") / "claims.json"
 COMMANDS = (
     "scripts/mars_ablations.sh validate && scripts/mars_ablations.sh rows && scripts/mars_ablations.sh paired",
     "scripts/apn_repro.sh            # char-level Shakespeare, then KJV: dense vs APN, 3 seeds",
-    "scripts/qoa_plasticity.sh       # 7x7 permuted MNIST, 120 tasks: backprop, continual backprop, QOA, 3 seeds",
-    "scripts/room_suite.sh           # Split-MNIST-R: its backbone, its headroom study and the RwF rows",
+    "SEEDS='0 1 2 3 4' scripts/qoa_plasticity.sh   # 7x7 permuted MNIST, 120 tasks: backprop, continual backprop, QOA",
+    "scripts/room_suite.sh           # Split-MNIST-R: its backbone and its headroom study",
     "hf-clroute report               # this page",
 )
 
