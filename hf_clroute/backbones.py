@@ -224,6 +224,21 @@ def get_base_model(model: nn.Module) -> nn.Module:
     return base
 
 
+class AttentionWrapper(nn.Module):
+    """Base of a module that wraps a backbone block's attention as ``base_layer`` (RwF's routed
+    attention, the prompt methods' prefix attention): an attribute the wrapper lacks is read from
+    the wrapped attention, so code that reads ``config``, ``layer_idx``... still finds it."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            base = self.__dict__.get("_modules", {}).get("base_layer")
+            if base is None:
+                raise
+            return getattr(base, name)
+
+
 def get_blocks(model: nn.Module) -> nn.ModuleList:
     """The list of transformer blocks of any supported model."""
     base = get_base_model(model)

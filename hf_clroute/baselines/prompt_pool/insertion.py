@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ...backbones import BackboneSpec, get_blocks
+from ...backbones import AttentionWrapper, BackboneSpec, get_blocks
 
 
 class PromptInjector:
@@ -75,7 +75,7 @@ class PromptInjector:
         return torch.cat([embeddings[:, :1], prompts, embeddings[:, 1:]], dim=1)
 
 
-class PrefixAttention(nn.Module):
+class PrefixAttention(AttentionWrapper):
     """A block's self-attention with the prefix keys/values the injector holds for its block."""
 
     def __init__(self, base_layer: nn.Module, injector: PromptInjector, layer_idx: int) -> None:
@@ -84,16 +84,6 @@ class PrefixAttention(nn.Module):
         self.__dict__["injector"] = injector  # shared, not a submodule
         self.layer_idx = layer_idx
         self.__dict__["current"] = None  # (keys, values) while this block's forward runs
-
-    def __getattr__(self, name: str) -> Any:
-        # Code that reads attributes of the attention (``config``, ``layer_idx``...) still finds them.
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            base = self.__dict__.get("_modules", {}).get("base_layer")
-            if base is None:
-                raise
-            return getattr(base, name)
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         prefix = self.injector.prefixes.get(self.layer_idx)

@@ -33,10 +33,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...backbones import AttentionWrapper
 from .hopfield import HopfieldRouter
 
 
-class RoutedAttention(nn.Module):
+class RoutedAttention(AttentionWrapper):
     """A self-attention module with Hopfield routing prompts (see the module docstring)."""
 
     def __init__(self, base_layer: nn.Module, router: HopfieldRouter, *, layer_idx: int, causal: bool, chunk_size: int) -> None:
@@ -48,16 +49,6 @@ class RoutedAttention(nn.Module):
         self.layer_idx = layer_idx
         self.causal = causal
         self.chunk_size = chunk_size
-
-    def __getattr__(self, name: str) -> Any:
-        # Code that reads attributes of the attention (``layer_idx``, ``config``...) still finds them.
-        try:
-            return super().__getattr__(name)
-        except AttributeError:
-            base = self.__dict__.get("_modules", {}).get("base_layer")
-            if base is None:
-                raise
-            return getattr(base, name)
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         mask = args[0] if args else kwargs.get("attention_mask")
