@@ -211,7 +211,7 @@ def test_make_demo_prints_its_table(tmp_path: Path):
                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     name, training, labels = loaded.stdout.split(" ", 2)
-    assert training == "False" and labels.startswith("{0: "), loaded.stdout  # eval mode, the demo's labels
+    assert training == "False" and "'0': " in labels, loaded.stdout  # eval mode, the demo's labels
 
 
 #: how far a README cell may be from the demo's (points): torch's thread count follows the machine's
