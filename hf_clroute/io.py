@@ -224,14 +224,15 @@ def is_adapter_dir(directory: str | os.PathLike) -> bool:
     return (Path(directory) / weights).is_file()
 
 
-def read_json(path: str | os.PathLike) -> dict[str, Any]:
-    """A JSON object from ``path``; a file that is not one is an error naming it."""
+def read_json(path: str | os.PathLike, what: str = "") -> dict[str, Any]:
+    """A JSON object from ``path``; a file that is not one is an error naming it (``what``: e.g. "run config")."""
+    name = f"{what} {path}" if what else str(path)
     try:
         data = json.loads(Path(path).read_text())
     except json.JSONDecodeError as err:
-        raise UserInputError(f"{path} is not valid JSON (corrupted checkpoint?): {err}") from err
+        raise UserInputError(f"{name} is not valid JSON{'' if what else ' (corrupted checkpoint?)'}: {err}") from err
     if not isinstance(data, dict):
-        raise UserInputError(f"{path} must hold a JSON object, not {type(data).__name__}")
+        raise UserInputError(f"{name} must hold a JSON object, not {'a ' if what else ''}{type(data).__name__}")
     return data
 
 

@@ -32,7 +32,7 @@ from typing import Any
 from ..engine import make_accelerator
 from ..engine.checkpoint import LATEST, list_checkpoints, remove_checkpoints
 from ..errors import ResumeError, UserInputError
-from ..io import atomic_write_text
+from ..io import atomic_write_text, read_json
 from .classification import adapter_method, run_method, summarize_result
 from .settings import RunSettings, describe_settings, resolve_run
 from .suites import SuiteConfig, suite_from_dict
@@ -47,12 +47,7 @@ def load_run_config(path: str | None, **flags: Any) -> dict[str, Any]:
     every field checked; ``"source"`` says where its training block came from."""
     config: dict[str, Any] = {}
     if path:
-        try:
-            config = json.loads(Path(path).read_text())
-        except json.JSONDecodeError as err:
-            raise UserInputError(f"run config {path} is not valid JSON: {err}") from err
-        if not isinstance(config, dict):
-            raise UserInputError(f"run config {path} must hold a JSON object, not a {type(config).__name__}")
+        config = read_json(path, "run config")
     where = f"run config {path}" if path else "the command line"
     unknown = sorted(set(config) - set(RUN_CONFIG_FIELDS))
     if unknown:
