@@ -83,8 +83,8 @@ def precision_overrides(precision: str | None) -> dict[str, str]:
 
 def show_bench_settings(args: argparse.Namespace, kind: str, overrides: dict) -> int:
     """``--show-settings``: each method's resolved settings and where each value came from; runs nothing."""
-    from .bench.settings import describe_settings, load_selection, resolve_run
-    from .bench.suites import SuiteConfig
+    from .bench.settings import describe_settings, resolve_run
+    from .bench.suites import SuiteConfig, load_selection
 
     if kind != "classification":
         raise UserInputError(f"--show-settings resolves classification suites; {args.suite!r} has runner {kind!r} "

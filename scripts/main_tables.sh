@@ -10,8 +10,12 @@
 #                                                    them to the group's earlier seeds)
 #   scripts/main_tables.sh merge <suite>             join the groups and rebuild BENCHMARKS.md
 #   scripts/main_tables.sh all                       everything, two suites side by side
+#   scripts/main_tables.sh room                      RwF against its paper's baselines on split-mnist-r
+#                                                    (SEEDS=0,1,2 by default there; two jobs at a time)
 # Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint,
-# baselines (gradient CL baselines), controls (mars-gaussian-align's control, added later).
+# baselines (gradient CL baselines), controls (mars-gaussian-align's control, added later);
+# on split-mnist-r: cached (the statistics heads and RwF's control), prompts (RwF, its paper form,
+# L2P, DualPrompt), adapters (CODA-Prompt, Online-LoRA, VPT, LoRA).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -21,7 +25,8 @@ SEEDS=${SEEDS:-0,1,2,3,4}
 methods() {  # suite group
   case "$2" in
     heads) echo simplecil,slda,ranpac,ranpac-gcv ;;
-    cached) if [ "$1" = wordnet ]; then  # no reused picks here: the heads join this group (one feature pass)
+    cached) if [ "$1" = split-mnist-r ]; then echo simplecil,slda,ranpac,rwf-head-only
+            elif [ "$1" = wordnet ]; then  # no reused picks here: the heads join this group (one feature pass)
               echo simplecil,slda,ranpac,ranpac-gcv,knn,joint-frozen,rwf-head-only,mars-head-only,mars,mars-gaussian-align,mars-gaussian-align-head-only
             else
               echo knn,joint-frozen,rwf-head-only,apn-head-only,mars-head-only,mars,mars-gaussian-align
@@ -31,6 +36,8 @@ methods() {  # suite group
     joint) echo joint ;;
     baselines) echo finetune,er,lwf,ewc,lora,vpt ;;
     controls) echo mars-gaussian-align-head-only ;;  # on the image suites, added after their cached group
+    prompts) echo rwf,rwf-dot,l2p,dualprompt ;;
+    adapters) echo coda-prompt,online-lora,vpt,lora ;;
     *) echo "unknown group: $2" >&2; exit 2 ;;
   esac
 }
@@ -52,7 +59,7 @@ bench() {  # suite group
 
 merge() {  # suite
   local parts=() g
-  for g in heads cached controls routing qoa joint baselines; do
+  for g in heads cached controls routing prompts adapters qoa joint baselines; do
     [ -f "results/$1.parts/$g/results.json" ] && parts+=("results/$1.parts/$g")
   done
   "$BIN/hf-clroute" merge --out "results/$1" "${parts[@]}"
@@ -66,6 +73,14 @@ all() {
    for g in routing qoa; do tune wordnet $g; bench wordnet $g; done)
   wait
   merge split-mnist; merge split-fashion; merge wordnet
+}
+
+room() {
+  export SEEDS=${SEEDS:-0,1,2}
+  (tune split-mnist-r prompts; bench split-mnist-r prompts) &
+  (tune split-mnist-r adapters; tune split-mnist-r cached; bench split-mnist-r adapters; bench split-mnist-r cached)
+  wait
+  merge split-mnist-r
 }
 
 "$@"

@@ -11,8 +11,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_clroute.bench import pretrained
-from hf_clroute.bench.pretrained import RECIPES, frozen_probe_report, pretrained_vit_path
+from hf_clroute.bench import pretrain_vit, pretrained
+from hf_clroute.bench.pretrain_vit import pretrained_vit_path
+from hf_clroute.bench.pretrained import RECIPES, frozen_probe_report
+
+def load_training_script():
+    """``training/pretrain_vit.py``, the command line over :mod:`hf_clroute.bench.pretrain_vit`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "pretrain_vit_script", Path(__file__).resolve().parents[1] / "training" / "pretrain_vit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 TINY = dict(steps=20, limit=256, batch_size=32, target_batch_size=32, hidden_size=32, num_hidden_layers=2,
             num_attention_heads=2, intermediate_size=64, probe_train_limit=256, probe_test_limit=128)
@@ -81,7 +93,7 @@ def test_tiny_build_is_a_loadable_checkpoint(tmp_cache: Path):
 def test_training_script_writes_an_asset_that_installs_byte_identical(tmp_cache: Path, tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch):
     """`pretrain_vit.py --asset ROOT` stores the build; pretrained_vit_path installs it with no training."""
-    train = pretrained._train_module()
+    train = load_training_script()
     out, root = tmp_path / "built", tmp_path / "assets"
     train.main(["--recipe", "vit-mnist-stream", "--out", str(out), "--steps", "3", "--limit", "64",
                 "--batch-size", "16", "--asset", str(root)])
@@ -92,7 +104,7 @@ def test_training_script_writes_an_asset_that_installs_byte_identical(tmp_cache:
     assert lzma.decompress((asset / "model.safetensors.xz").read_bytes()) == (out / "model.safetensors").read_bytes()
 
     monkeypatch.setattr(pretrained, "assets_root", lambda: root)
-    monkeypatch.setattr(train, "training_function", lambda *a, **k: pytest.fail("the asset must not be rebuilt"))
+    monkeypatch.setattr(pretrain_vit, "training_function", lambda *a, **k: pytest.fail("the asset must not be rebuilt"))
     path = Path(pretrained_vit_path("vit-mnist-stream", build=False))
     assert path == tmp_cache / "vit-mnist-stream"
     for name in pretrained.ASSET_FILES:
@@ -119,7 +131,7 @@ def test_committed_asset_is_the_default_recipe(recipe: str, tmp_cache: Path):
     assert asset is not None, f"no committed asset for {recipe}: run training/pretrain_vit.py --asset"
     path = pretrained_vit_path(recipe, build=False)  # raises unless every sha256 matches
     report = pretrained.read_report(path)
-    expected = {**pretrained._train_module().DEFAULTS, **(RECIPES[recipe].settings or {})}
+    expected = {**pretrain_vit.DEFAULTS, **(RECIPES[recipe].settings or {})}
     assert report["settings"] == expected, "defaults changed: rebuild the asset"
     assert report["recipe"] == RECIPES[recipe].to_dict() and report["target_labels_used"] is False
     model = ViTForImageClassification.from_pretrained(path)
@@ -127,7 +139,7 @@ def test_committed_asset_is_the_default_recipe(recipe: str, tmp_cache: Path):
 
 
 def test_target_loader_has_no_labels():
-    train = pretrained._train_module()
+    train = pretrain_vit
     data = train.get_dataloaders(None, "vit-fashion-stream", batch_size=16, limit=64)
     target = next(iter(data["target_unlabeled"]))
     assert set(target) == {"pixel_values"}  # the Fashion-MNIST stream's labels never load

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_clroute.bench import pretrained
-from hf_clroute.bench.pretrained import RECIPES, load_images, pretrained_vit_path
+from hf_clroute.bench import pretrain_vit, pretrained
+from hf_clroute.bench.pretrain_vit import pretrained_vit_path
+from hf_clroute.bench.pretrained import RECIPES, load_images
 from hf_clroute.bench.suites import SuiteConfig, build_stream
 from hf_clroute.data import load_source
 from hf_clroute.data.renditions import STYLES, example_rng, render, render_images
@@ -89,7 +90,7 @@ def test_the_suites_stream_is_class_incremental_with_disjoint_splits():
 def test_the_backbone_never_sees_an_mnist_image():
     recipe = RECIPES[RECIPE]
     assert recipe.target == "mnist_r" and {recipe.source, recipe.contrastive_data} == {"fashion_mnist"}
-    train = pretrained._train_module()
+    train = pretrain_vit
     data = train.get_dataloaders(None, RECIPE, batch_size=8, limit=64)
     assert data["source_label_names"][0] == "T-shirt/top"
     # The self-supervised loss reads Fashion-MNIST's training images, not the stream's.
@@ -99,7 +100,7 @@ def test_the_backbone_never_sees_an_mnist_image():
 
 
 def test_recipe_settings_sit_between_the_defaults_and_the_overrides(tmp_path: Path):
-    train = pretrained._train_module()
+    train = pretrain_vit
     report = train.training_function(RECIPE, str(tmp_path), steps=2, limit=32, batch_size=8, target_batch_size=8,
                                      hidden_size=24, num_attention_heads=2, intermediate_size=32,
                                      probe_train_limit=32, probe_test_limit=16)
@@ -121,7 +122,7 @@ def test_committed_asset_has_room_to_route(tmp_path: Path, monkeypatch: pytest.M
     assert (config["num_hidden_layers"], config["hidden_size"]) == (6, 192)
     assert (config["image_size"] // config["patch_size"]) ** 2 == 49
     report = pretrained.read_report(path)
-    assert report["settings"] == {**pretrained._train_module().DEFAULTS, **RECIPES[RECIPE].settings}
+    assert report["settings"] == {**pretrain_vit.DEFAULTS, **RECIPES[RECIPE].settings}
     assert report["recipe"] == RECIPES[RECIPE].to_dict() and report["target_labels_used"] is False
     model = ViTForImageClassification.from_pretrained(path)
     assert sum(p.numel() for p in model.parameters()) == report["num_parameters"]

@@ -138,3 +138,23 @@ def test_a_null_gradient_clipping_norm_means_no_clipping(tmp_path):
     suite = SuiteConfig.load(write_suite(tmp_path, "noclip", base="split-mnist", training={"max_grad_norm": None}))
     settings = resolve_run(suite, "finetune", 0)
     assert settings.training.max_grad_norm == 0.0 and settings.sources["training.max_grad_norm"] == "suite training"
+
+
+def test_a_selection_serves_its_suite_and_the_suites_based_on_it_only(tmp_path):
+    from hf_clroute.bench.suites import load_selection
+    from hf_clroute.errors import UserInputError
+
+    path = tmp_path / "selection.json"
+    path.write_text(json.dumps({"suite": "split-mnist", "methods": {"er": {"pick": {"training.learning_rate": 0.01}}}}))
+    assert load_selection(path, SuiteConfig.load("split-mnist"))["er"]["pick"] == {"training.learning_rate": 0.01}
+    # a smaller-data study of the same stream reuses the picks made on that stream's validation split
+    assert "er" in load_selection(path, SuiteConfig.load("split-mnist-20pct"))
+    # split-mnist-r is based on split-mnist for its settings, but draws another stream (dataset, backbone)
+    for other in ("split-fashion", "split-mnist-r"):
+        suite = SuiteConfig.load(other)
+        try:
+            load_selection(path, suite)
+        except UserInputError as err:
+            assert "tuned on suite 'split-mnist'" in str(err) and other in str(err)
+        else:
+            raise AssertionError(f"a split-mnist selection was accepted for {other}")

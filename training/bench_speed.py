@@ -88,12 +88,12 @@ def peak_rss_mb() -> float:
 
 def backbone_source() -> dict[str, Any]:
     """The suite's pretrained ViT when cached (never built here), else its recipe's shape, randomly initialised."""
-    from hf_clroute.bench.pretrained import _train_module, pretrained_vit_path
+    from hf_clroute.bench import pretrain_vit as module
+    from hf_clroute.bench.pretrain_vit import pretrained_vit_path
 
     try:
         return {"kind": "pretrained", "path": pretrained_vit_path(RECIPE, build=False)}
     except FileNotFoundError:
-        module = _train_module()
         config = module.build_config(module.DEFAULTS, [str(i) for i in range(10)])
         return {"kind": "random-init", "recipe": RECIPE, "config": config.to_dict(),
                 "image_size": module.IMAGE_SIZE, "mean": module.MEAN, "std": module.STD}

@@ -30,8 +30,9 @@ from .verdicts import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_flo
 from .probes import PROBE_NAME, ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
 from .results import pick_record, write_run
-from .settings import RunSettings, load_selection, resolve_run
-from .suites import NOT_MEASURED, SuiteConfig, build_stream, drop_methods, load_suite_backbone, same_suite_config
+from .settings import RunSettings, resolve_run
+from .suites import (NOT_MEASURED, SuiteConfig, build_stream, drop_methods, load_selection, load_suite_backbone,
+                     same_suite_config)
 
 METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
 PROBE_KEYS = ("deep_forgetting", "probe_A_T", "snr_final")

@@ -2,7 +2,7 @@
 
 No pretrained ViT can be downloaded on these machines, so a small
 ``ViTForImageClassification`` (28x28 grayscale, patch 7, hidden 128, 4 layers, ~0.54M parameters) is
-pretrained in-project by ``training/pretrain_vit.py`` and cached as a normal
+pretrained in-project by :mod:`hf_clroute.bench.pretrain_vit` and cached as a normal
 transformers checkpoint (``config.json`` + ``model.safetensors`` +
 ``preprocessor_config.json``) that ``from_pretrained`` loads and that can be
 pushed to the Hub like any other model.
@@ -16,9 +16,9 @@ images like the benchmarks' but not their annotations.
 Public API
 ----------
 * :data:`RECIPES` -- recipe name -> :class:`Recipe` (description, the data used).
-* :func:`pretrained_vit_path` -- the cached checkpoint directory: installed from the
-  package's committed asset (``hf_clroute/assets/pretrained/<recipe>``, sha256-checked)
-  when there is one, else built on first use.
+* :func:`hf_clroute.bench.pretrain_vit.pretrained_vit_path` (with the training code) -- the cached
+  checkpoint directory: installed from the package's committed asset
+  (``hf_clroute/assets/pretrained/<recipe>``, sha256-checked) when there is one, else built on first use.
 * :func:`write_asset` -- turn a built checkpoint into such an asset (``training/pretrain_vit.py --asset``).
 * :func:`frozen_probe_report` -- nearest-class-mean and linear-probe accuracy of a
   checkpoint's frozen features (the CLS token of ``ViTModel.last_hidden_state``)
@@ -42,14 +42,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..pretrained_assets import ASSET_FILES, CHECKSUMS_NAME, COMPRESSED, installed_asset_path
+from ..pretrained_assets import ASSET_FILES, CHECKSUMS_NAME, COMPRESSED
 from ..pretrained_assets import sha256_file as _sha256
 from .probes import linear_probe_accuracy  # the probe lives with the probes; importable here too
 
 __all__ = [
     "RECIPES",
     "Recipe",
-    "pretrained_vit_path",
     "write_asset",
     "asset_dir",
     "frozen_probe_report",
@@ -72,7 +71,7 @@ class Recipe:
     ``unlabelled``: the dataset whose unlabelled training images feed the
     self-supervised loss instead of the target's (a backbone that must never see
     the stream's images, e.g. ``source`` itself); the probes still read ``target``.
-    ``settings``: the recipe's own values of ``training/pretrain_vit.py``'s DEFAULTS
+    ``settings``: the recipe's own values of ``hf_clroute.bench.pretrain_vit.DEFAULTS``
     (its architecture, steps), under any command-line override.
     """
 
@@ -154,51 +153,10 @@ def models_dir() -> Path:
     return cache_dir() / "models"
 
 
-def _is_complete(path: Path) -> bool:
+def is_complete_build(path: Path) -> bool:
     return (path / "config.json").is_file() and (path / "preprocessor_config.json").is_file() and (
         (path / "model.safetensors").is_file() or (path / "pytorch_model.bin").is_file()
     )
-
-
-def pretrained_vit_path(recipe: str, build: bool = True, use_asset: bool = True, **train_overrides: Any) -> str:
-    """Directory of the cached stand-in backbone ``recipe`` (``cache_dir()/models/<recipe>``).
-
-    With the package's committed asset (:func:`asset_dir`) the cached copy is that asset: installed
-    when missing, re-checked against its ``SHA256SUMS`` (once per process per file) and replaced
-    from the asset, with a warning, when it differs (an older build left in the cache); a damaged
-    asset is an error naming the file (:mod:`hf_clroute.pretrained_assets`). This takes a second
-    instead of 20 CPU minutes. The asset was built with the default recipe, so it is skipped when
-    ``train_overrides`` (e.g. ``steps=20``, for tests, which should also point ``HF_CLROUTE_CACHE``
-    elsewhere) are given or ``use_asset`` is false; then a complete cached build is used as it is,
-    or, if ``build`` is true, the training function of ``training/pretrain_vit.py`` runs in this
-    process, writing into a temporary sibling directory renamed into place only when complete.
-    """
-    get_recipe(recipe)
-    final = models_dir() / recipe
-    asset = asset_dir(recipe) if use_asset and not train_overrides else None
-    if asset is not None:
-        return str(installed_asset_path(asset, final))
-    if _is_complete(final):
-        return str(final)
-    if not build:
-        raise FileNotFoundError(
-            f"pretrained ViT {recipe!r} is not built at {final}; call pretrained_vit_path({recipe!r}) "
-            f"or run `python training/pretrain_vit.py --recipe {recipe} --out {final}`"
-        )
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{recipe}.building-", dir=final.parent))
-    try:
-        _train_module().training_function(recipe, str(tmp), **train_overrides)
-        if final.exists() and not _is_complete(final):
-            shutil.rmtree(final)  # debris of an interrupted `--out` run, never a finished checkpoint
-        try:
-            os.replace(tmp, final)  # atomic on one filesystem; fails if another build won the race
-        except OSError:
-            if not _is_complete(final):
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(final)
 
 
 # --------------------------------------------------------------------------- committed assets
@@ -246,34 +204,6 @@ def write_asset(checkpoint: str | os.PathLike, recipe: str, root: str | os.PathL
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def _train_module() -> Any:
-    """The training script's module: ``training/`` is not a package, so load it by path.
-
-    The training code lives once, in the script (the Accelerate-examples layout
-    users expect); this keeps the library from duplicating it.
-    """
-    import importlib.util
-    import sys
-
-    name = "hf_clroute_training_pretrain_vit"
-    if name in sys.modules:
-        return sys.modules[name]
-    candidates = [Path(__file__).resolve().parents[2] / "training" / "pretrain_vit.py"]
-    if os.environ.get("HF_CLROUTE_TRAINING_DIR"):
-        candidates.insert(0, Path(os.environ["HF_CLROUTE_TRAINING_DIR"]) / "pretrain_vit.py")
-    for path in candidates:
-        if path.is_file():
-            spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-            return module
-    raise FileNotFoundError(
-        "training/pretrain_vit.py not found next to the hf_clroute package (an installed wheel does not ship it); "
-        "set HF_CLROUTE_TRAINING_DIR to the repository's training/ directory"
-    )
 
 
 # --------------------------------------------------------------------------- data

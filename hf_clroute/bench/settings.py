@@ -261,11 +261,3 @@ def method_search(method: str) -> dict[str, Any]:
     if "search" in data or registered == method:
         return dict(data.get("search", {}))
     return method_search(registered)
-
-
-def load_selection(path: str | Path, suite: Any) -> dict[str, Any]:
-    """``selection.json`` of ``suite`` (refused when it was tuned on another suite)."""
-    selection = json.loads(Path(path).read_text())
-    if selection.get("suite") != suite.name:
-        raise UserInputError(f"selection {path} was tuned on suite {selection.get('suite')!r}, not {suite.name!r}")
-    return selection["methods"]

@@ -399,7 +399,7 @@ def resolve_backbone_path(backbone: str) -> str:
 
         return standin_path(backbone)
     if backbone.startswith("pretrained-vit:"):
-        from .pretrained import pretrained_vit_path
+        from .pretrain_vit import pretrained_vit_path
 
         return pretrained_vit_path(backbone.split(":", 1)[1])
     if backbone == "minilm":
@@ -428,3 +428,24 @@ def load_suite_backbone(suite: SuiteConfig) -> tuple[Any, Callable]:
     if modality == "text":
         return model, TextClassificationCollator(processor, max_length=suite.max_length)
     raise ValueError(f"suite {suite.name!r}: backbone modality {modality!r} is not a classification backbone")
+
+
+# What makes two suites the same stream: a suite based on the tuned one that keeps these may reuse its
+# picks (the same stream at 20% of its data); one that changes any of them is another stream.
+STREAM_FIELDS = ("dataset", "backbone", "scenario", "n_tasks")
+
+
+def load_selection(path: str | Path, suite: Any) -> dict[str, Any]:
+    """``selection.json`` of ``suite``, or of a suite it is based on that draws the same stream
+    (``STREAM_FIELDS``; e.g. the stream at 20% of its data reuses the full stream's picks, made on
+    that stream's validation split; results.json copies the record, which names the suite tuned on).
+    Refused for any other suite."""
+    selection = json.loads(Path(path).read_text())
+    tuned_on = selection.get("suite")
+    if tuned_on != suite.name:
+        same_stream = tuned_on in (suite.bases or []) and all(
+            read_suite_file(tuned_on)[1].get(name) == getattr(suite, name, None) for name in STREAM_FIELDS)
+        if not same_stream:
+            raise UserInputError(f"selection {path} was tuned on suite {tuned_on!r}, not {suite.name!r} (a suite "
+                                 f"based on it may reuse it only with the same {', '.join(STREAM_FIELDS)})")
+    return selection["methods"]
