@@ -256,3 +256,21 @@ def test_describe_record_is_empty_without_adaptation():
 def test_adaptation_rows_search_with_the_shared_budget(method, checked_search_grid):
     grid = checked_search_grid(method)  # 12 distinct points, each resolving to a run with its values
     assert any("config.adaptation.epochs" in point for point in grid)
+
+
+def test_a_non_finite_adaptation_stops_before_the_stream(stream):
+    """First-session adaptation runs under the same guard as the stream: a NaN loss stops it at its step."""
+    from hf_clroute.errors import NonFiniteTrainingError
+
+    class NaNPixels:
+        def __call__(self, examples):
+            batch = COLLATOR(examples)
+            batch["pixel_values"] = torch.full_like(batch["pixel_values"], float("nan"))
+            return batch
+
+    model = get_cl_model(dropout_vit(), LoraBaselineConfig(head="lda", adaptation={"epochs": 2}))
+    settings = TrainingConfig(batch_size=8, learning_rate=1e-2, progress=False, max_grad_norm=1.0)
+    trainer = ContinualTrainer(model, stream, settings, NaNPixels(), make_accelerator(settings, cpu=True))
+    with pytest.raises(NonFiniteTrainingError, match=r"first-session adaptation stopped at step 1 .*lora"):
+        trainer.fit()
+    assert trainer.result.records.get("adaptation") is None  # it never finished

@@ -50,6 +50,7 @@ from ..methods.base import StepContext
 from ..outputs import model_inputs
 from ..progress import progress_bar
 from .loading import training_loader
+from .numerics import check_finite_state, check_step
 from .prepared import release_prepared
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -140,10 +141,13 @@ def _adapt(trainer: "ContinualTrainer", settings: "AdaptationConfig", adapter: l
             model.method.begin_task(model, phase, context(0))
         show = cfg.progress and accelerator.is_local_main_process
         for batch in progress_bar(loader, progress=show, desc=f"adaptation ({first.name})", leave=False):
-            out = train_model(**batch)
-            accelerator.backward(out.loss)
-            if cfg.max_grad_norm:
-                accelerator.clip_grad_norm_(params, cfg.max_grad_norm)
+            with trainer.precision["train"].autocast():  # the stream's training precision; the loss in fp32
+                out = train_model(**batch)
+            loss = out.loss.float()
+            accelerator.backward(loss)
+            norm = accelerator.clip_grad_norm_(params, cfg.max_grad_norm) if cfg.max_grad_norm else None
+            check_step(loss, norm, optimizer, f"first-session adaptation stopped at step {steps + 1} "
+                                              f"(method {model.config.method!r})")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             if hooks:
@@ -151,6 +155,7 @@ def _adapt(trainer: "ContinualTrainer", settings: "AdaptationConfig", adapter: l
             steps += 1
         if hooks:
             model.method.on_task_end(model, phase, context(steps))
+        check_finite_state(model, "first-session adaptation ended")  # before the stream builds on it
         release_prepared(accelerator, optimizer)
     finally:
         model.head, model.method.task_classes = head, task_classes
@@ -178,7 +183,8 @@ def reaccumulate_statistics(trainer: "ContinualTrainer", task_id: int) -> None:
     for j in range(task_id + 1):
         data = model.method.training_stream(trainer.stream[j], trainer.stream[: j + 1], trainer.config.epochs)
         for batch in training_loader(data, trainer.collator, trainer.config, trainer.accelerator):
-            out = model(**model_inputs(batch))
+            with trainer.precision["features"].autocast():  # the head's sums stay float64
+                out = model(**model_inputs(batch))
             accumulate_global_batch(head, out.features, batch["labels"], ctx)
 
 
