@@ -15,7 +15,7 @@
 # Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint,
 # baselines (gradient CL baselines), controls (mars-gaussian-align's control, added later);
 # on split-mnist-r: cached (the statistics heads and RwF's control), prompts (RwF, its paper form,
-# L2P, DualPrompt), adapters (CODA-Prompt, Online-LoRA, VPT, LoRA).
+# L2P, DualPrompt), adapters (CODA-Prompt, Online-LoRA, VPT, LoRA); mars-paper (MaRS's first reading).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -36,6 +36,8 @@ methods() {  # suite group
     joint) echo joint ;;
     baselines) echo finetune,er,lwf,ewc,lora,vpt ;;
     controls) echo mars-gaussian-align-head-only ;;  # on the image suites, added after their cached group
+    mars-paper) echo mars-paper,mars-paper-head-only ;;  # the first reading of MaRS, which the cached group's
+                                                        # mars rows ran before issue 32 (re-run under its name)
     prompts) echo rwf,rwf-dot,l2p,dualprompt ;;
     adapters) echo coda-prompt,online-lora,vpt,lora ;;
     *) echo "unknown group: $2" >&2; exit 2 ;;
@@ -59,8 +61,13 @@ bench() {  # suite group
 
 merge() {  # suite
   local parts=() g
-  for g in heads cached controls routing prompts adapters qoa joint baselines; do
+  for g in heads cached controls routing prompts adapters qoa joint baselines mars-paper; do
     [ -f "results/$1.parts/$g/results.json" ] && parts+=("results/$1.parts/$g")
+  done
+  # MaRS and its control as issue 32 made them (scripts/mars_ablations.sh, tuned, 5 seeds): a later part's
+  # rows replace an earlier part's rows of the same method and seeds, so these replace the cached group's.
+  for g in mars mars-head-only; do
+    [ -f "results/mars-$1/parts/$g/results.json" ] && parts+=("results/mars-$1/parts/$g")
   done
   "$BIN/hf-clroute" merge --out "results/$1" "${parts[@]}"
   "$BIN/hf-clroute" report

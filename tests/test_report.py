@@ -240,4 +240,6 @@ def test_the_headroom_table_names_adapters_the_paired_test_calls_better_on_the_s
     unscored = study(range(5), {"lora": steady})
     del unscored["frozen"][0]["probe"]["validation"]  # written before the probe chose its L2 on validation
     assert "headroom-mnist: n/a (a frozen readout has no validation score" in headroom_table({"headroom-mnist": unscored})
+    listed = {**study(range(5), {"lora": steady}), "config": {"adapters": ["rwf", "lora"]}}
+    assert "| headroom-mnist | 0 | rwf | not run | not run | not run |" in headroom_table({"headroom-mnist": listed})
     assert headroom_table({}) == ""

@@ -249,6 +249,9 @@ def headroom_table(studies: dict[str, dict]) -> str:
             cells = [f"{paired_cell(gains[adapter][r])}{readout_edge_mark(study, adapter, r)}"
                      f"{' *' if r == strongest else ''}" for r in columns]
             lines.append(f"| {name} | {len(study.get('seeds', []))} | {adapter} | " + " | ".join(cells) + " |")
+        for adapter in [a for a in (study.get("config") or {}).get("adapters", []) if a not in methods]:
+            # an adapter the study lists but its committed results lack: a visible row, never a silent gap
+            lines.append(f"| {name} | 0 | {adapter} | " + " | ".join(["not run"] * len(columns)) + " |")
     if not lines:
         return ""
     header = "| study | seeds | adapter | " + " | ".join(f"gain: {r}" for r in columns) + " |"
