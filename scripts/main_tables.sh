@@ -10,6 +10,8 @@
 #                                                    them to the group's earlier seeds)
 #   scripts/main_tables.sh merge <suite>             join the groups and rebuild BENCHMARKS.md
 #   scripts/main_tables.sh all                       everything, two suites side by side
+#   scripts/main_tables.sh add <suite> <dir>...      add bench runs' rows to the committed results/<suite>
+#   scripts/main_tables.sh mars <suite>              MaRS's rows as issue 32 left them (mars-paper re-run)
 #   scripts/main_tables.sh room                      RwF against its paper's baselines on split-mnist-r
 #                                                    (SEEDS=0,1,2 by default there; two jobs at a time)
 # Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint,
@@ -80,6 +82,18 @@ all() {
    for g in routing qoa; do tune wordnet $g; bench wordnet $g; done)
   wait
   merge split-mnist; merge split-fashion; merge wordnet
+}
+
+add() {  # suite run-dir...: rows added to (or, for the same method and seeds, replacing) the committed table
+  local suite=$1; shift
+  "$BIN/hf-clroute" merge --out "results/$suite" "results/$suite" "$@"
+  "$BIN/hf-clroute" report
+}
+
+mars() {  # suite: the cached group's mars rows ran MaRS's first reading; they become mars-paper rows (re-run
+          # under that name), and mars / mars-head-only become issue 32's rows (scripts/mars_ablations.sh)
+  tune "$1" mars-paper; bench "$1" mars-paper
+  add "$1" "results/$1.parts/mars-paper" "results/mars-$1/parts/mars" "results/mars-$1/parts/mars-head-only"
 }
 
 room() {

@@ -191,6 +191,11 @@ def test_merge_reads_a_suite_field_missing_from_an_older_run_as_its_default():
     assert not same_suite_config(old, {**old, "n_tasks": 10}, SuiteConfig)
     # another default method list or description measures the same thing
     assert same_suite_config(old, {**old, "methods": ["ncm", "qoa"], "description": "new words"}, SuiteConfig)
+    # a suite's default learning rate is overridden per method (its file or its pick; each row records its own),
+    # every other training value is part of the measurement
+    trained = {**old, "training": {"batch_size": 10, "learning_rate": 0.001}}
+    assert same_suite_config(trained, {**old, "training": {"batch_size": 10}}, SuiteConfig)
+    assert not same_suite_config(trained, {**old, "training": {"batch_size": 20, "learning_rate": 0.001}}, SuiteConfig)
 
 
 def test_merging_runs_joins_their_selections(tmp_path):

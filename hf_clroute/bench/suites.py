@@ -275,6 +275,10 @@ def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 #: suite fields that do not change what a run measured: the default method list, the prose, the runner's name.
 NOT_MEASURED = ("methods", "description", "runner")
+#: training values a suite may give as a default that each method overrides anyway: the learning rate is a
+#: method file's, or the pick made on validation, and every row records the one it trained with
+#: (``settings.training``), so a suite file that stopped giving a default rate still merges.
+PER_METHOD_TRAINING = ("learning_rate",)
 
 
 def same_suite_config(a: dict[str, Any], b: dict[str, Any], suite_class: type | None = None) -> bool:
@@ -285,7 +289,13 @@ def same_suite_config(a: dict[str, Any], b: dict[str, Any], suite_class: type | 
         f.name: (f.default if f.default is not dataclasses.MISSING else
                  f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         for f in dataclasses.fields(suite_class)}
-    return all(a.get(k, defaults.get(k)) == b.get(k, defaults.get(k)) for k in set(a) | set(b) if k not in NOT_MEASURED)
+    def measured(config: dict[str, Any], key: str) -> Any:
+        value = config.get(key, defaults.get(key))
+        if key == "training" and isinstance(value, dict):
+            value = {k: v for k, v in value.items() if k not in PER_METHOD_TRAINING}
+        return value
+
+    return all(measured(a, k) == measured(b, k) for k in set(a) | set(b) if k not in NOT_MEASURED)
 
 
 def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[dict, dict, Path], dict],
