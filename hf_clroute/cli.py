@@ -147,12 +147,19 @@ def record_command(results_file: Path, *commands: str) -> None:
 def cmd_merge(args: argparse.Namespace) -> int:
     from .bench.runners import results_kind, runner_module
 
+    from .bench.relabel import parse_renames
+
     run_dirs, drop = [Path(d) for d in args.run_dirs], tuple(args.drop or ())
+    rename = parse_renames(args.rename or [])
     kinds = {results_kind(d) for d in run_dirs}
     if len(kinds) > 1:
         raise ValueError(f"cannot merge runs of different runners: {sorted(kinds)}")
-    merged = runner_module(kinds.pop()).merge(run_dirs, Path(args.out), drop)
-    command = f"hf-clroute merge {' '.join(args.run_dirs)} --out {args.out}" + (f" --drop {','.join(args.drop)}" if args.drop else "")
+    kind = kinds.pop()
+    if rename and kind != "classification":
+        raise UserInputError(f"--rename relabels classification rows; these runs are {kind!r}")
+    merged = runner_module(kind).merge(run_dirs, Path(args.out), drop, **({"rename": rename} if rename else {}))
+    command = (f"hf-clroute merge {' '.join(args.run_dirs)} --out {args.out}" + (f" --drop {','.join(args.drop)}" if args.drop else "")
+               + (f" --rename {','.join(args.rename)}" if args.rename else ""))
     record_command(Path(args.out) / "results.json", *merged.get("commands", []), command)
     print((Path(args.out) / "results.md").read_text())
     return 0
@@ -287,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("run_dirs", nargs="+", help="`hf-clroute bench --out` directories of one suite")
     merge.add_argument("--out", required=True, help="directory for the merged results.json, results.md and plots")
     merge.add_argument("--drop", type=_csv(str), default=None, help="methods to leave out (e.g. a retired variant)")
+    merge.add_argument("--rename", type=_csv(str), default=None, metavar="OLD=NEW,...",
+                       help="relabel rows whose method name has since changed meaning; refused unless every setting "
+                            "the row recorded is what NEW resolves to today (hf_clroute.bench.relabel)")
     merge.set_defaults(func=cmd_merge)
 
     demo = sub.add_parser("demo", help="quick Split-MNIST: naive fine-tuning vs nearest-class-mean")

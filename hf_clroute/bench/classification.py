@@ -29,6 +29,7 @@ from .report import edge_mark, se_cell
 from .verdicts import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_floor, paired_cell
 from .probes import PROBE_NAME, ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
+from .relabel import rename_rows
 from .results import pick_record, write_run
 from .settings import RunSettings, resolve_run
 from .suites import (NOT_MEASURED, SuiteConfig, build_stream, drop_methods, load_selection, load_suite_backbone,
@@ -308,18 +309,25 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
                      selection=picks, from_adapter=from_adapter, overrides=overrides)
 
 
-def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
+def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (), rename: dict[str, str] | None = None) -> dict:
     """Join bench runs of one suite (e.g. one per seed) into one results.json (+ plots)."""
-    return merge_run_dirs(run_dirs, out, drop)
+    return merge_run_dirs(run_dirs, out, drop, rename or {})
 
 
-def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> dict:
+def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (), rename: dict[str, str] | None = None) -> dict:
     """One results.json/md (+ plots) from several bench runs of the same suite (e.g. one per seed),
-    without the methods in ``drop`` (a retired variant, say)."""
-    merged = None
+    without the methods in ``drop`` (a retired variant, say); ``rename`` relabels each run's rows
+    before they are joined, each checked (:mod:`hf_clroute.bench.relabel`)."""
+    rename, merged, renamed = rename or {}, None, set()
     for run_dir in run_dirs:
         results = json.loads((Path(run_dir) / "results.json").read_text())
+        mine = {old: new for old, new in rename.items() if old in results["methods"]}
+        if mine:
+            rename_rows(results, mine, SuiteConfig.load(results["suite"]))
+            renamed |= set(mine)
         merged = results if merged is None else merge_results(merged, results)
+    if set(rename) - renamed:
+        raise ValueError(f"--rename: no run has a row {sorted(set(rename) - renamed)}")
     drop_methods(merged["methods"], drop)
     out.mkdir(parents=True, exist_ok=True)
     for method in drop:  # its per-method plots would otherwise outlive it
@@ -327,11 +335,12 @@ def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) 
             stale.unlink()
     write_run(out, {**merged, "kind": "classification"}, results_markdown(merged))
     write_plots(merged, out / "plots")
-    merge_selections(run_dirs, out, drop)
+    merge_selections(run_dirs, out, drop, rename)
     return merged
 
 
-def merge_selections(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()) -> None:
+def merge_selections(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (),
+                     rename: dict[str, str] | None = None) -> None:
     """The runs' ``selection.json`` files (from ``hf-clroute tune``) joined into ``out/selection.json``,
     so the merged table keeps, beside it, every pick it was trained with (a later run's pick wins)."""
     selections = [json.loads(f.read_text()) for f in (Path(d) / "selection.json" for d in run_dirs) if f.is_file()]
@@ -339,7 +348,7 @@ def merge_selections(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()
         return
     merged = {**selections[0], "methods": {}, "commands": []}
     for selection in selections:
-        merged["methods"].update({m: v for m, v in selection["methods"].items() if m not in drop})
+        merged["methods"].update({(rename or {}).get(m, m): v for m, v in selection["methods"].items() if m not in drop})
         merged["commands"] += [c for c in selection.get("commands", []) if c not in merged["commands"]]
     atomic_write_text(out / "selection.json", json.dumps(merged, indent=2, sort_keys=True) + "\n")
 
