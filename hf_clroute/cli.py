@@ -127,8 +127,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
                f"{' --quick' if args.quick else ''} --out {args.out}")
     selection = tune(suite, methods, Path(args.out), seed=args.seed, command=command, progress=not args.no_progress)
     for method, record in selection["methods"].items():
-        best = max(record["validation_A_T"])
-        print(f"{method:22s} pick {record['pick']}  validation A_T {best * 100:.1f}  ({len(record['grid'])} configs)")
+        best = record.get("pick_validation_A_T", max(record["validation_A_T"]))  # extensions included
+        runs = len(record["grid"]) + len(record.get("extensions", []))
+        print(f"{method:22s} pick {record['pick']}  validation A_T {best * 100:.1f}  ({runs} configs, "
+              f"{len(record.get('extensions', []))} of them extensions)")
     print(f"wrote {Path(args.out) / 'selection.json'}")
     return 0
 

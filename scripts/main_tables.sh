@@ -14,6 +14,8 @@
 #   scripts/main_tables.sh mars <suite>              MaRS's rows as issue 32 left them (mars-paper re-run)
 #   scripts/main_tables.sh room                      RwF against its paper's baselines on split-mnist-r
 #                                                    (SEEDS=0,1,2 by default there; two jobs at a time)
+#   scripts/main_tables.sh scarce <group>            the same rows at 20% of the data (split-mnist-r-20pct),
+#                                                    with split-mnist-r's picks; then merge split-mnist-r-20pct
 # Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint,
 # baselines (gradient CL baselines), controls (mars-gaussian-align's control, added later);
 # on split-mnist-r: cached (the statistics heads and RwF's control), prompts (RwF, its paper form,
@@ -94,6 +96,17 @@ mars() {  # suite: the cached group's mars rows ran MaRS's first reading; they b
           # under that name), and mars / mars-head-only become issue 32's rows (scripts/mars_ablations.sh)
   tune "$1" mars-paper; bench "$1" mars-paper
   add "$1" "results/$1.parts/mars-paper" "results/mars-$1/parts/mars" "results/mars-$1/parts/mars-head-only"
+}
+
+scarce() {  # group: split-mnist-r at 20% of its data, with the picks made on split-mnist-r's validation split
+  local methods
+  case "$1" in
+    prompts) methods=rwf,l2p,dualprompt ;;
+    adapters) methods=coda-prompt,online-lora ;;
+    cached) methods=rwf-head-only,slda ;;
+  esac
+  "$BIN/hf-clroute" bench --suite split-mnist-r-20pct --methods "$methods" --seeds "${SEEDS:-0,1,2}" \
+      --out "results/split-mnist-r-20pct.parts/$1" --selection "results/split-mnist-r.parts/$1/selection.json" --no-progress
 }
 
 room() {

@@ -128,3 +128,15 @@ def test_step_past_is_geometric_and_selected_merges_nested_fields():
     chosen = selected({LR: 1e-3, "config.head_options.ridge_lambda": 10.0, "config.k": 3}, Config())
     assert chosen == {LR: 1e-3, "config.head_options": {"projection_dim": 2048, "ridge_lambda": 10.0}, "config.k": 3}
     assert json.loads(json.dumps(chosen)) == chosen  # the pick goes to selection.json as is
+
+
+def test_the_tune_summary_reports_the_pick_with_its_extensions(monkeypatch, capsys, tmp_path):
+    """The line `hf-clroute tune` prints is the recorded pick's validation score, extensions included."""
+    import hf_clroute.bench.tune as tune_module
+    from hf_clroute.cli import main
+
+    record = {"pick": {"training.weight_decay": 10.0}, "grid": [{}] * 12, "validation_A_T": [0.13] * 12,
+              "extensions": [{"validation_A_T": 0.146}], "pick_validation_A_T": 0.146}
+    monkeypatch.setattr(tune_module, "tune", lambda *a, **k: {"methods": {"rwf-head-only": record}})
+    assert main(["tune", "--suite", "split-mnist", "--methods", "rwf-head-only", "--out", str(tmp_path)]) == 0
+    assert "validation A_T 14.6  (13 configs, 1 of them extensions)" in capsys.readouterr().out
