@@ -13,7 +13,7 @@
 #   scripts/main_tables.sh add <suite> <dir>...      add bench runs' rows to the committed results/<suite>
 #   scripts/main_tables.sh mars <suite>              MaRS's rows as issue 32 left them (mars-paper re-run)
 #   scripts/main_tables.sh room                      RwF against its paper's baselines on split-mnist-r
-#                                                    (SEEDS=0,1,2 by default there; two jobs at a time)
+#                                                    (two jobs at a time)
 #   scripts/main_tables.sh scarce <group>            the same rows at 20% of the data (split-mnist-r-20pct),
 #                                                    with split-mnist-r's picks; then merge split-mnist-r-20pct
 # Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint,
@@ -58,8 +58,10 @@ tune() {  # suite group
 }
 
 bench() {  # suite group
-  local out=results/$1.parts/$2
-  "$BIN/hf-clroute" bench --suite "$1" --methods "$(methods "$1" "$2")" --seeds "$SEEDS" --out "$out" \
+  local out=results/$1.parts/$2 run
+  run=$(methods "$1" "$2")
+  [ "$2" = prompts ] && run=${run/rwf,rwf-dot,/rwf,}  # rwf-dot is tuned beside rwf: validation chooses (a tie: rwf)
+  "$BIN/hf-clroute" bench --suite "$1" --methods "$run" --seeds "$SEEDS" --out "$out" \
       --selection "$out/selection.json" --no-progress ${MERGE:+--merge}
 }
 
@@ -99,18 +101,18 @@ mars() {  # suite: the cached group's mars rows ran MaRS's first reading; they b
 }
 
 scarce() {  # group: split-mnist-r at 20% of its data, with the picks made on split-mnist-r's validation split
+            # (committed: the cached group on SCARCE_SEEDS=0,1,2,3,4, the others on 0,1,2)
   local methods
   case "$1" in
     prompts) methods=rwf ;;  # L2P and DualPrompt at 20% did not fit this round's CPU time
     adapters) methods=coda-prompt,online-lora ;;
     cached) methods=rwf-head-only,slda ;;
   esac
-  "$BIN/hf-clroute" bench --suite split-mnist-r-20pct --methods "$methods" --seeds "${SEEDS:-0,1,2}" \
+  "$BIN/hf-clroute" bench --suite split-mnist-r-20pct --methods "$methods" --seeds "${SCARCE_SEEDS:-0,1,2}" \
       --out "results/split-mnist-r-20pct.parts/$1" --selection "results/split-mnist-r.parts/$1/selection.json" --no-progress
 }
 
 room() {
-  export SEEDS=${SEEDS:-0,1,2}
   (tune split-mnist-r prompts; bench split-mnist-r prompts) &
   (tune split-mnist-r adapters; tune split-mnist-r cached; bench split-mnist-r adapters; bench split-mnist-r cached)
   wait
