@@ -19,7 +19,8 @@
 # Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint,
 # baselines (gradient CL baselines), controls (mars-gaussian-align's control, added later);
 # on split-mnist-r: cached (the statistics heads and RwF's control), prompts (RwF, its paper form,
-# L2P, DualPrompt), adapters (CODA-Prompt, Online-LoRA, VPT, LoRA); mars-paper (MaRS's first reading).
+# L2P, DualPrompt), adapters (CODA-Prompt, Online-LoRA, VPT, LoRA), readouts (RwF read by streaming LDA);
+# mars-paper (MaRS's first reading).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -44,6 +45,7 @@ methods() {  # suite group
                                                         # mars rows ran before issue 32 (re-run under its name)
     prompts) echo rwf,rwf-dot,l2p,dualprompt ;;
     adapters) echo coda-prompt,online-lora,vpt,lora ;;
+    readouts) echo rwf-slda ;;  # RwF's routing read by streaming LDA (its control: slda), beside the linear-head rows
     *) echo "unknown group: $2" >&2; exit 2 ;;
   esac
 }
@@ -67,7 +69,7 @@ bench() {  # suite group
 
 merge() {  # suite
   local parts=() g
-  for g in heads cached controls routing prompts adapters qoa joint baselines mars-paper; do
+  for g in heads cached controls routing prompts adapters readouts qoa joint baselines mars-paper; do
     [ -f "results/$1.parts/$g/results.json" ] && parts+=("results/$1.parts/$g")
   done
   # MaRS and its control as issue 32 made them (scripts/mars_ablations.sh, tuned, 5 seeds): a later part's
