@@ -44,8 +44,9 @@ def check_relabel(suite: Any, old: str, new: str, row: dict[str, Any]) -> None:
     recorded = (row.get("settings") or {}).get("adapter_config")
     if not recorded:
         raise UserInputError(f"--rename {old}={new}: the row records no settings, so the rename cannot be checked")
-    seed = ((row["settings"].get("training") or {}).get("seed")  # the seed the record was resolved for
-            if (row["settings"].get("training") or {}).get("seed") is not None else min(r["seed"] for r in row["per_seed"]))
+    seed = (row["settings"].get("training") or {}).get("seed")  # the seed the record was resolved for
+    if seed is None:
+        seed = min(r["seed"] for r in row["per_seed"])
     pick = (row.get("selection") or {}).get("pick") or {}
     settings = resolve_run(suite, new, seed, selected=pick)
     today = dataclasses.asdict(settings.adapter_config)
