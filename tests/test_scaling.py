@@ -139,16 +139,17 @@ def test_process_share_deals_each_global_batch_in_consecutive_parts():
 
 def test_peak_memory_stays_flat_as_the_stream_grows(tmp_path):
     """A stream 3x longer (more parquet shards) trains to the end with the peak memory of the short one,
-    give or take the allocator's noise: the stream is never held. (An in-memory dataset would add at
-    least the added stream's bytes; ``training/stream_memory.py`` prints the table for larger streams.)"""
+    give or take the allocator's noise (about 25 MB here): the stream is never held. (An in-memory dataset
+    would add at least the added stream's bytes; ``training/stream_memory.py`` prints the table for larger
+    streams.) 64-pixel rows make the added stream (about 94 MB) large against that noise."""
     script = REPO / "training" / "stream_memory.py"
-    out = subprocess.run([sys.executable, str(script), "--rows", "4000", "12000", "--side", "40", "--dir", str(tmp_path),
+    out = subprocess.run([sys.executable, str(script), "--rows", "4000", "12000", "--side", "64", "--dir", str(tmp_path),
                           "--json"], check=True, env=ENV, cwd=REPO, capture_output=True, text=True).stdout
     small, large = json.loads(out.strip().splitlines()[-1])
-    assert large["stream_mb"] > 2.5 * small["stream_mb"] > 30
+    assert large["stream_mb"] > 2.5 * small["stream_mb"] > 40
     assert large["finished"] and large["steps"] == 3 * small["steps"]
     grown = large["peak_rss_mb"] - small["peak_rss_mb"]
-    assert grown < 0.75 * (large["stream_mb"] - small["stream_mb"]), (small, large)
+    assert grown < 0.5 * (large["stream_mb"] - small["stream_mb"]), (small, large)
 
 
 def _free_port() -> str:
