@@ -126,6 +126,10 @@ def test_results_markdown_shows_se_edge_marks_and_paired_verdicts():
     assert "| rwf† | 50.4 ± 1.1 | 1.1 |" in table  # SE = sqrt(.504 * .496 / 2000)
     assert "| rwf-head-only | 54.6 ± 1.1 | 1.1 |" in table  # edge false: no mark
     assert "| rwf | rwf-head-only | -4.2 ± 1.8 (0 of 5, p 0.0" in table and "): worse | slda | -10.0 ± 0.0" in table
+    assert "seeds)" not in table.split("Paired verdicts")[0].split("| method | A_T")[1]  # every row ran 5 of 5
+    # A row that ran on 3 of the table's 5 seeds says so.
+    results["methods"]["rwf"] = method([0.50, 0.51, 0.49], edge=False)
+    assert "| rwf (3 of 5 seeds) | 50.0 ± 1.0 |" in results_markdown(results)
     # A results.json written before these fields existed: n/a, no crash.
     old = {"suite": "mnist", "seeds": [0], "methods": {"rwf": method([0.5]), "rwf-head-only": method([0.55])}}
     table = results_markdown(old)

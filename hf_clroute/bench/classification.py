@@ -25,7 +25,7 @@ from ..metrics import aggregate_runs, mean_std, summarize
 from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
-from .report import edge_mark, se_cell
+from .report import edge_mark, se_cell, seeds_mark
 from .verdicts import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_floor, paired_cell
 from .probes import PROBE_NAME, ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
@@ -397,7 +397,7 @@ def results_markdown(results: dict) -> str:
         "classifies from (the head's own forgetting is −BWT); probe A_T: that probe's final average accuracy.\n\n"
         "SE: the test-sampling standard error of A_T (binomial, sqrt(p (1 - p) / N_test) on the fixed test set "
         f"of {results.get('test_size') or 'n/a'} examples). † : the pick is still on the edge of its search grid "
-        "after extension (selection.json).\n\n"
+        "after extension (selection.json). A row run on fewer seeds than the table's says how many.\n\n"
         "| method | A_T | SE | F_T | Ā | BWT | FWT | A_AUC | deep F | probe A_T | trainable % | train/s | infer/s "
         "| peak MB |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
@@ -406,7 +406,7 @@ def results_markdown(results: dict) -> str:
     for name, m in results["methods"].items():
         metrics = " | ".join(_fmt(m.get(k)) for k in METRIC_KEYS[1:] + PROBE_KEYS[:2])
         speed = f"{_fmt(m['train_samples_per_s'], 1, 0)} | {_fmt(m['infer_samples_per_s'], 1, 0)}"
-        label = f"{name}{'*' if m.get('features_cached') else ''}{edge_mark(m)}"
+        label = f"{name}{'*' if m.get('features_cached') else ''}{edge_mark(m)}{seeds_mark(m, len(results['seeds']))}"
         rows.append(f"| {label} | {_fmt(m.get('A_T'))} | {se_cell(m, results.get('test_size'))} | {metrics} | "
                     f"{m['trainable_pct']:.2f} | {speed} | {m['peak_mem_mb']:.0f} |")
     bare = results.get("reference", {}).get("bare_backbone", {})

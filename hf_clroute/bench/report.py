@@ -96,11 +96,12 @@ def study_tables(suites: dict[str, dict]) -> str:
         header = "| method | " + base + " | " + " | ".join(f"{v} | change" for v in variants) + " |"
         lines = [f"### {base} and its variants: A_T (%) and change from {base} (points)\n", header,
                  "|---|---|" + "---|---|" * len(variants)]
+        seeds = {name: max(len(r.get("per_seed") or []) for r in suites[name].values()) for name in [base, *variants]}
         for method in methods:
-            cells = [_a_t(base_rows[method])]
+            cells = [_a_t(base_rows[method]) + seeds_mark(base_rows[method], seeds[base])]
             for v in variants:
                 delta = (suites[v][method]["A_T"]["mean"] - base_rows[method]["A_T"]["mean"]) * 100
-                cells += [_a_t(suites[v][method]), f"{delta:+.1f}"]
+                cells += [_a_t(suites[v][method]) + seeds_mark(suites[v][method], seeds[v]), f"{delta:+.1f}"]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         out.append("\n".join(lines) + "\n")
     return ("## Studies\n\n" + "\n".join(out) + "\n") if out else ""
@@ -119,8 +120,11 @@ def summary_table(every: dict[str, dict]) -> str:
         "| method | " + " | ".join(suites) + " |",
         "|---|" + "---|" * len(suites),
     ]
+    # a suite's table has the seeds of its fullest row; a row with fewer says so
+    seeds = {name: max(len(r.get("per_seed") or []) for r in rows.values()) for name, rows in suites.items()}
     for method in methods:
-        cells = [_a_t(rows.get(method)) + edge_mark(rows.get(method)) for rows in suites.values()]
+        cells = [_a_t(rows.get(method)) + edge_mark(rows.get(method)) + (seeds_mark(rows[method], seeds[name])
+                 if method in rows else "") for name, rows in suites.items()]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n"
 
@@ -128,6 +132,13 @@ def summary_table(every: dict[str, dict]) -> str:
 def edge_mark(row: dict | None) -> str:
     """"†" for a pick still on the edge of its grid after extension (selection.json's ``edge``)."""
     return "†" if ((row or {}).get("selection") or {}).get("edge") else ""
+
+
+def seeds_mark(row: dict | None, table_seeds: int) -> str:
+    """`` (3 of 5 seeds)`` for a row that ran on fewer of its table's seeds (a row that did not fit the
+    compute); empty for a full row, and for rows written before per-seed rows were kept."""
+    ran = len((row or {}).get("per_seed") or []) or table_seeds
+    return f" ({ran} of {table_seeds} seeds)" if ran < table_seeds else ""
 
 
 def se_cell(row: dict | None, test_size: int | None) -> str:
