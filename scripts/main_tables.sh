@@ -8,6 +8,9 @@
 #   scripts/main_tables.sh tune  <suite> <group>     choose on validation
 #   scripts/main_tables.sh bench <suite> <group>     run the picks on seeds 0-4 (SEEDS=...; MERGE=1 adds
 #                                                    them to the group's earlier seeds)
+#   scripts/main_tables.sh rows  <suite> <group>     tune and bench one method at a time, each into
+#                                                    results/<suite>.parts/<group>-<method> (costly rows
+#                                                    land one by one; wordnet's baselines ran this way)
 #   scripts/main_tables.sh merge <suite>             join the groups and rebuild BENCHMARKS.md
 #   scripts/main_tables.sh all                       everything, two suites side by side
 #   scripts/main_tables.sh add <suite> <dir>...      add bench runs' rows to the committed results/<suite>
@@ -68,10 +71,21 @@ bench() {  # suite group
       --selection "$out/selection.json" --no-progress ${MERGE:+--merge}
 }
 
+rows() {  # suite group
+  local m
+  for m in $(methods "$1" "$2" | tr , ' '); do
+    "$BIN/hf-clroute" tune --suite "$1" --methods "$m" --seed 0 --out "results/$1.parts/$2" --no-progress
+    "$BIN/hf-clroute" bench --suite "$1" --methods "$m" --seeds "$SEEDS" --out "results/$1.parts/$2-$m" \
+        --selection "results/$1.parts/$2/selection.json" --no-progress
+  done
+}
+
 merge() {  # suite
-  local parts=() g
+  local parts=() g d
   for g in heads cached controls routing prompts adapters readouts qoa joint baselines mars-paper; do
-    [ -f "results/$1.parts/$g/results.json" ] && parts+=("results/$1.parts/$g")
+    for d in "results/$1.parts/$g" "results/$1.parts/$g"-*; do  # a group, or its rows run one by one
+      [ -f "$d/results.json" ] && parts+=("$d")
+    done
   done
   # MaRS and its control as issue 32 made them (scripts/mars_ablations.sh, tuned, 5 seeds): a later part's
   # rows replace an earlier part's rows of the same method and seeds, so these replace the cached group's.
