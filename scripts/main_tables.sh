@@ -77,6 +77,7 @@ rows() {  # suite group
     "$BIN/hf-clroute" tune --suite "$1" --methods "$m" --seed 0 --out "results/$1.parts/$2" --no-progress
     "$BIN/hf-clroute" bench --suite "$1" --methods "$m" --seeds "$SEEDS" --out "results/$1.parts/$2-$m" \
         --selection "results/$1.parts/$2/selection.json" --no-progress
+    cp "results/$1.parts/$2/selection.json" "results/$1.parts/$2-$m/"  # the picks travel with the rows into a merge
   done
 }
 
