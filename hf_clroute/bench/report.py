@@ -96,7 +96,7 @@ def study_tables(suites: dict[str, dict]) -> str:
         header = "| method | " + base + " | " + " | ".join(f"{v} | change" for v in variants) + " |"
         lines = [f"### {base} and its variants: A_T (%) and change from {base} (points)\n", header,
                  "|---|---|" + "---|---|" * len(variants)]
-        seeds = {name: max(len(r.get("per_seed") or []) for r in suites[name].values()) for name in [base, *variants]}
+        seeds = {name: table_seeds(suites[name]) for name in [base, *variants]}
         for method in methods:
             cells = [_a_t(base_rows[method]) + seeds_mark(base_rows[method], seeds[base])]
             for v in variants:
@@ -120,8 +120,7 @@ def summary_table(every: dict[str, dict]) -> str:
         "| method | " + " | ".join(suites) + " |",
         "|---|" + "---|" * len(suites),
     ]
-    # a suite's table has the seeds of its fullest row; a row with fewer says so
-    seeds = {name: max(len(r.get("per_seed") or []) for r in rows.values()) for name, rows in suites.items()}
+    seeds = {name: table_seeds(rows) for name, rows in suites.items()}
     for method in methods:
         cells = [_a_t(rows.get(method)) + edge_mark(rows.get(method)) + (seeds_mark(rows[method], seeds[name])
                  if method in rows else "") for name, rows in suites.items()]
@@ -132,6 +131,11 @@ def summary_table(every: dict[str, dict]) -> str:
 def edge_mark(row: dict | None) -> str:
     """"†" for a pick still on the edge of its grid after extension (selection.json's ``edge``)."""
     return "†" if ((row or {}).get("selection") or {}).get("edge") else ""
+
+
+def table_seeds(rows: dict[str, dict]) -> int:
+    """How many seeds a suite's table has: those of its fullest row (a row with fewer says so)."""
+    return max(len(r.get("per_seed") or []) for r in rows.values())
 
 
 def seeds_mark(row: dict | None, table_seeds: int) -> str:
