@@ -1,44 +1,49 @@
-"""Paired per-seed comparisons for the reproduction rows (issue 32), from a merged results.json.
+"""Per-seed paired differences of A_T between rows of one committed table, for comparisons that the
+table's own verdicts (each row against its control and the best statistics head) do not make.
 
-``python scripts/paired_rows.py results.json out.json METRIC:A/B ...`` writes, for each pair, the
-per-seed values of METRIC for A and B (a per-seed row's scalar, or the first element of a list such
-as the char-LM runner's ``adaptation``), their paired differences A - B, mean ± std, how many seeds
-have A below B, and a paired t-test p-value (two-sided; None with fewer than 2 seeds).
+    python scripts/paired_rows.py results/split-mnist er:mars rwf:l2p --out results/paired/split-mnist.json
+
+Prints one line per pair (mean ± std of a − b in points, the seeds where a is higher, the paired t's p
+and the verdict, the same rule as the tables') and writes them as JSON.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+from pathlib import Path
 
-import numpy as np
-from scipy import stats
-
-
-def value(row: dict, metric: str) -> float:
-    v = row[metric]
-    return float(v[0] if isinstance(v, list) else v)
+from hf_clroute.io import atomic_write_text
+from hf_clroute.metrics.aggregate import paired_difference
 
 
-def main(path: str, out: str, pairs: list[str]) -> None:
-    results = json.load(open(path))
-    report = {"source": path, "seeds": results["seeds"], "pairs": {}}
-    for spec in pairs:
-        metric, _, names = spec.partition(":")
-        a, b = names.split("/")
-        rows = {name: {r["seed"]: r for r in results["methods"][name]["per_seed"]} for name in (a, b)}
-        seeds = sorted(set(rows[a]) & set(rows[b]))
-        va = [value(rows[a][s], metric) for s in seeds]
-        vb = [value(rows[b][s], metric) for s in seeds]
-        diff = np.subtract(va, vb)
-        p = float(stats.ttest_rel(va, vb).pvalue) if len(seeds) > 1 else None
-        report["pairs"][spec] = {"seeds": seeds, a: va, b: vb, "difference": diff.tolist(),
-                                 "mean": float(diff.mean()), "std": float(diff.std(ddof=1)) if len(seeds) > 1 else None,
-                                 "a_below_b": int((diff < 0).sum()), "p_value": p}
-    json.dump(report, open(out, "w"), indent=1)
-    for spec, r in report["pairs"].items():
-        print(f"{spec}: {r['mean']:+.4f} (std {r['std']}, p {r['p_value']}, {r['a_below_b']}/{len(r['seeds'])} seeds below)")
+def pairs_table(results_dir: Path, pairs: list[str]) -> list[dict]:
+    rows = json.loads((results_dir / "results.json").read_text())["methods"]
+    out = []
+    for pair in pairs:
+        a, b = pair.split(":")
+        missing = [m for m in (a, b) if m not in rows]
+        if missing:
+            raise SystemExit(f"{results_dir}: no row {missing[0]!r} (rows: {', '.join(sorted(rows))})")
+        seeds = [{r["seed"]: r["A_T"] for r in rows[m]["per_seed"]} for m in (a, b)]
+        out.append({"a": a, "b": b, **paired_difference(*seeds)})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("results", type=Path, help="a results folder with results.json")
+    parser.add_argument("pairs", nargs="+", help="a:b, the rows to compare (a − b)")
+    parser.add_argument("--out", type=Path, help="where to write the JSON")
+    args = parser.parse_args()
+    table = pairs_table(args.results, args.pairs)
+    for d in table:
+        print(f"{d['a']} − {d['b']}: {d['mean'] * 100:+.1f} ± {d['std'] * 100:.1f} "
+              f"({d['wins']} of {d['n']}, p {d['p']:.2g}): {d['verdict']}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out, json.dumps({"results": str(args.results), "pairs": table}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3:])
+    main()
