@@ -8,7 +8,7 @@
 #   scripts/main_tables.sh tune  <suite> <group>     choose on validation
 #   scripts/main_tables.sh bench <suite> <group>     run the picks on seeds 0-4 (SEEDS=...; MERGE=1 adds
 #                                                    them to the group's earlier seeds)
-#   scripts/main_tables.sh rows  <suite> <group>     tune and bench one method at a time, each into
+#   scripts/main_tables.sh rows  <suite> <group> [m,..]  tune and bench one method at a time, each into
 #                                                    results/<suite>.parts/<group>-<method> (costly rows
 #                                                    land one by one; wordnet's baselines ran this way)
 #   scripts/main_tables.sh merge <suite>             join the groups and rebuild BENCHMARKS.md
@@ -71,13 +71,12 @@ bench() {  # suite group
       --selection "$out/selection.json" --no-progress ${MERGE:+--merge}
 }
 
-rows() {  # suite group
+rows() {  # suite group [methods: some of the group's, comma-separated]
   local m
-  for m in $(methods "$1" "$2" | tr , ' '); do
+  for m in $(echo "${3:-$(methods "$1" "$2")}" | tr , ' '); do
     "$BIN/hf-clroute" tune --suite "$1" --methods "$m" --seed 0 --out "results/$1.parts/$2" --no-progress
     "$BIN/hf-clroute" bench --suite "$1" --methods "$m" --seeds "$SEEDS" --out "results/$1.parts/$2-$m" \
-        --selection "results/$1.parts/$2/selection.json" --no-progress
-    cp "results/$1.parts/$2/selection.json" "results/$1.parts/$2-$m/"  # the picks travel with the rows into a merge
+        --selection "results/$1.parts/$2/selection.json" --no-progress  # writes its picks beside its rows
   done
 }
 

@@ -4,6 +4,9 @@
 #   scripts/mars_ablations.sh validate   # the mars row's options, each set back one at a time, tuned
 #   scripts/mars_ablations.sh rows       # each ablation and control tuned, then 5 seeds with its pick
 #   scripts/mars_ablations.sh row NAME   # one of them (rows can run as parallel processes)
+#   scripts/mars_ablations.sh together   # the ablations and the control after the mars row: each tuned alone (the
+#                                        # same budget), then benched in one process, which encodes each seed's
+#                                        # features once (wordnet's rows ran this way: its backbone pass is the cost)
 #   scripts/mars_ablations.sh paired     # per-seed paired differences -> results/mars-split-mnist/paired.json
 # SUITE (default split-mnist) and SEEDS (default 0,1,2,3,4) override; results go to results/mars-$SUITE.
 set -euo pipefail
@@ -31,7 +34,11 @@ case "${1:-all}" in
   # Each row tuned, then run on every seed; naive fine-tuning too (the same budget on validation).
   rows) for method in ${ABLATIONS//,/ } $BASELINE; do row "$method"; done ;;
   row) row "$2" ;;
+  together) rows=${ABLATIONS#mars,}
+            tune "$rows" "$OUT/tune/ablations"
+            "$BIN/hf-clroute" bench --suite "$SUITE" --methods "$rows" --seeds "$SEEDS" --out "$OUT/parts/ablations" \
+              --selection "$OUT/tune/ablations/selection.json" --no-progress ;;
   paired) "$BIN/python" scripts/mars_paired.py "$OUT" ;;
   all) "$0" validate; "$0" rows; "$0" paired ;;
-  *) echo "usage: $0 [validate|rows|row METHOD|paired|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [validate|rows|row METHOD|together|paired|all]" >&2; exit 2 ;;
 esac

@@ -172,6 +172,9 @@ def test_tune_picks_on_validation_and_bench_trains_with_the_pick(tiny_suite, tmp
     assert row["settings"]["training"]["learning_rate"] == record["pick"]["training.learning_rate"]
     assert row["settings"]["sources"]["training.learning_rate"] == "selection (validation)"
     assert row["FWT"] is None  # class-incremental: undefined, not a number
+    # the run keeps the picks it trained with (only its own methods' picks), so a merge carries them
+    kept = json.loads((tmp_path / "run" / "selection.json").read_text())
+    assert kept["methods"] == {"finetune": record} and kept["suite"] == selection["suite"]
 
 
 def test_search_budget_is_the_same_for_every_method():

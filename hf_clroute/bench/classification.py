@@ -305,8 +305,24 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
     for method in methods:  # every name resolves (and every settings file parses) before --out is created
         resolve_run(suite, method, seeds[0], overrides, selected=picks.get(method, {}).get("pick"),
                     overrides_source="command line")
-    return run_bench(suite, methods, seeds, Path(out), progress=progress, command=command, merge=merge,
-                     selection=picks, from_adapter=from_adapter, overrides=overrides)
+    results = run_bench(suite, methods, seeds, Path(out), progress=progress, command=command, merge=merge,
+                        selection=picks, from_adapter=from_adapter, overrides=overrides)
+    if selection:
+        record_selection(Path(out), Path(selection), [m for m in methods if m in picks])
+    return results
+
+
+def record_selection(out: Path, selection: Path, methods: list[str]) -> None:
+    """The picks a bench run trained with, written beside its results (``out/selection.json``, added to
+    what an earlier run left there), so that a later merge carries them with the rows."""
+    if not methods:
+        return
+    chosen = json.loads(selection.read_text())
+    earlier = out / "selection.json"
+    record = json.loads(earlier.read_text()) if earlier.is_file() else {**chosen, "methods": {}, "commands": []}
+    record["methods"].update({m: chosen["methods"][m] for m in methods})
+    record["commands"] += [c for c in chosen.get("commands", []) if c not in record["commands"]]
+    atomic_write_text(earlier, json.dumps(record, indent=2, sort_keys=True) + "\n")
 
 
 def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (), rename: dict[str, str] | None = None) -> dict:
