@@ -87,12 +87,30 @@ def test_probe_chooses_its_penalty_on_held_out_training_examples():
 
     probes.fit_logistic = spy
     try:
+        probes._FITTED.clear()  # a probe fitted earlier on these data would be reused (tested below)
         fit_probe(x, y, weight_decays=(1e-4, 10.0))
     finally:
         probes.fit_logistic = real_fit
     held = int(len(x) * probes.PROBE_HOLDOUT)
     assert [n for n, _ in chosen[:2]] == [len(x) - held] * 2  # each penalty fitted on the kept share
     assert chosen[-1] == (len(x), 1e-4)  # the refit on everything uses the penalty that won (10.0 underfits)
+
+
+def test_a_probe_on_the_same_data_is_fitted_once(monkeypatch):
+    from hf_clroute.bench import probes
+
+    x, y = gaussian_classes(60, seed=5)
+    calls = []
+    real_fit = probes.fit_logistic
+    monkeypatch.setattr(probes, "fit_logistic", lambda *a, **k: calls.append(1) or real_fit(*a, **k))
+    probes._FITTED.clear()
+    first = fit_probe(x, y, weight_decays=(1e-4,))
+    assert fit_probe(x.clone(), y.clone(), weight_decays=(1e-4,)) is first and len(calls) == 1  # same content
+    moved = x.clone()
+    moved[0, 0] += 1e-3  # any change in the data, the labels or the penalties fits again
+    for args, kwargs in (((moved, y), {}), ((x, y.flip(0)), {}), ((x, y), {"weight_decays": (1e-5,)})):
+        fit_probe(*args, **{"weight_decays": (1e-4,), **kwargs})
+    assert len(calls) == 4
 
 
 def test_deep_forgetting_floor_is_the_frozen_row_and_methods_are_paired_against_it():
