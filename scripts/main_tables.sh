@@ -89,10 +89,16 @@ merge() {  # suite
   done
   # MaRS and its control as issue 32 made them (scripts/mars_ablations.sh, tuned, 5 seeds): a later part's
   # rows replace an earlier part's rows of the same method and seeds, so these replace the cached group's.
+  local drop=()
   for g in mars mars-head-only; do
     [ -f "results/mars-$1/parts/$g/results.json" ] && parts+=("results/mars-$1/parts/$g")
   done
-  "$BIN/hf-clroute" merge --out "results/$1" "${parts[@]}"
+  # wordnet's rows after mars ran together (mars_ablations.sh together): the control joins the table,
+  # the ablations stay in results/mars-wordnet
+  if [ -f "results/mars-$1/parts/ablations/results.json" ]; then
+    parts+=("results/mars-$1/parts/ablations"); drop=(--drop mars-no-sgse,mars-no-anchor,mars-no-stage1,mars-no-stage2)
+  fi
+  "$BIN/hf-clroute" merge --out "results/$1" "${parts[@]}" "${drop[@]}"
   "$BIN/hf-clroute" report
 }
 

@@ -4,9 +4,9 @@
 
 Targets (MaRS paper, 10-task CIFAR-100 with frozen CLIP): full MaRS at least 1.5x naive fine-tuning's
 A_T (57.50 vs 30.26, 1.9x) and above each ablation (no SGSE ~41, no anchors ~42) by a significant
-paired margin. Reads parts/<row>/results.json (one bench run per row; the seeds of a suite draw the
-same streams in every run), selection.json (the validation study of the mars row's options) and
-tune/<row>/selection.json (each row's pick); writes paired.json and paired.md in OUT.
+paired margin. Reads parts/*/results.json (bench runs of one row or of several; the seeds of a suite
+draw the same streams in every run), selection.json (the validation study of the mars row's options)
+and tune/*/selection.json (each row's pick); writes paired.json and paired.md in OUT.
 """
 
 from __future__ import annotations
@@ -85,8 +85,9 @@ def table(out: Path) -> dict:
             "calibrated 200-input reference: its entry 'mars' is that base (now mars-val-calibrated-sgse), each "
             "mars-val-* row the base with one option set otherwise. mars-val-tracked-sgse scored highest, so the "
             "mars row now uses the tracked level; its own pick is row_picks['mars'].")
+    # tune/<row>/ holds one row's pick; tune/ablations/ (`mars_ablations.sh together`) holds several
     report["row_picks"] = {k: v for f in sorted((out / "tune").glob("*/selection.json"))
-                           for k, v in picks(f, f.parent.name).items()}
+                           for k, v in picks(f, None if f.parent.name == "ablations" else f.parent.name).items()}
     return report
 
 
