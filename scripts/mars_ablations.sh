@@ -7,6 +7,8 @@
 #   scripts/mars_ablations.sh together   # the ablations and the control after the mars row: each tuned alone (the
 #                                        # same budget), then benched in one process, which encodes each seed's
 #                                        # features once (wordnet's rows ran this way: its backbone pass is the cost)
+#   scripts/mars_ablations.sh baseline   # the suite's committed fine-tuning row (results/$SUITE, tuned with the
+#                                        # same budget) as parts/finetune, instead of tuning it again (wordnet)
 #   scripts/mars_ablations.sh paired     # per-seed paired differences -> results/mars-split-mnist/paired.json
 # SUITE (default split-mnist) and SEEDS (default 0,1,2,3,4) override; results go to results/mars-$SUITE.
 set -euo pipefail
@@ -38,7 +40,9 @@ case "${1:-all}" in
             tune "$rows" "$OUT/tune/ablations"
             "$BIN/hf-clroute" bench --suite "$SUITE" --methods "$rows" --seeds "$SEEDS" --out "$OUT/parts/ablations" \
               --selection "$OUT/tune/ablations/selection.json" --no-progress ;;
+  baseline) others=$("$BIN/python" -c "import json, sys; print(','.join(m for m in json.load(open(sys.argv[1]))['methods'] if m != sys.argv[2]))" "results/$SUITE/results.json" "$BASELINE")
+            "$BIN/hf-clroute" merge --out "$OUT/parts/$BASELINE" "results/$SUITE" --drop "$others" ;;
   paired) "$BIN/python" scripts/mars_paired.py "$OUT" ;;
   all) "$0" validate; "$0" rows; "$0" paired ;;
-  *) echo "usage: $0 [validate|rows|row METHOD|together|paired|all]" >&2; exit 2 ;;
+  *) echo "usage: $0 [validate|rows|row METHOD|together|baseline|paired|all]" >&2; exit 2 ;;
 esac
