@@ -318,11 +318,10 @@ def record_selection(out: Path, selection: Path, methods: list[str]) -> None:
     if not methods:
         return
     chosen = json.loads(selection.read_text())
-    earlier = out / "selection.json"
-    record = json.loads(earlier.read_text()) if earlier.is_file() else {**chosen, "methods": {}, "commands": []}
-    record["methods"].update({m: chosen["methods"][m] for m in methods})
-    record["commands"] += [c for c in chosen.get("commands", []) if c not in record["commands"]]
-    atomic_write_text(earlier, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    chosen["methods"] = {m: chosen["methods"][m] for m in methods}
+    path = out / "selection.json"
+    earlier = [json.loads(path.read_text())] if path.is_file() else []
+    atomic_write_text(path, json.dumps(join_selections([*earlier, chosen]), indent=2, sort_keys=True) + "\n")
 
 
 def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (), rename: dict[str, str] | None = None) -> dict:
@@ -360,13 +359,19 @@ def merge_selections(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = ()
     """The runs' ``selection.json`` files (from ``hf-clroute tune``) joined into ``out/selection.json``,
     so the merged table keeps, beside it, every pick it was trained with (a later run's pick wins)."""
     selections = [json.loads(f.read_text()) for f in (Path(d) / "selection.json" for d in run_dirs) if f.is_file()]
-    if not selections:
-        return
+    if selections:
+        merged = join_selections(selections, drop, rename)
+        atomic_write_text(out / "selection.json", json.dumps(merged, indent=2, sort_keys=True) + "\n")
+
+
+def join_selections(selections: list[dict], drop: tuple[str, ...] = (), rename: dict[str, str] | None = None) -> dict:
+    """``selection.json`` records joined: the first one's header, every method's pick (a later record's
+    wins; ``drop`` left out, ``rename`` applied), every command once, in order."""
     merged = {**selections[0], "methods": {}, "commands": []}
     for selection in selections:
         merged["methods"].update({(rename or {}).get(m, m): v for m, v in selection["methods"].items() if m not in drop})
         merged["commands"] += [c for c in selection.get("commands", []) if c not in merged["commands"]]
-    atomic_write_text(out / "selection.json", json.dumps(merged, indent=2, sort_keys=True) + "\n")
+    return merged
 
 
 def seed_row(seed: int, result: StreamResult, summary: dict[str, Any], curves: dict) -> dict[str, Any]:
