@@ -17,6 +17,9 @@
 #   scripts/main_tables.sh mars <suite>              MaRS's rows as issue 32 left them (mars-paper re-run)
 #   scripts/main_tables.sh room                      RwF against its paper's baselines on split-mnist-r
 #                                                    (two jobs at a time)
+#   scripts/main_tables.sh counts [m,..]              wordnet's 40 classes in 5/10/20/40 tasks (wordnet-<n>tasks) with
+#                                                    wordnet's validation picks: RwF, its control, streaming LDA
+#                                                    (SEEDS=...; the 8-task rows are wordnet's own)
 #   scripts/main_tables.sh scarce <group>            the same rows at 20% of the data (split-mnist-r-20pct),
 #                                                    with split-mnist-r's picks; then merge split-mnist-r-20pct
 # Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint,
@@ -66,9 +69,17 @@ tune() {  # suite group
 bench() {  # suite group
   local out=results/$1.parts/$2 run
   run=$(methods "$1" "$2")
-  [ "$2" = prompts ] && run=${run/rwf,rwf-dot,/rwf,}  # rwf-dot is tuned beside rwf: validation chooses (a tie: rwf)
+  # rwf-dot (the paper's routing) is tuned beside rwf as a variant of it: the bench runs the one with the
+  # higher validation A_T at its pick (a tie keeps rwf, the library's default)
+  [ "$2" = prompts ] && run=${run/rwf,rwf-dot,/$(variant "$out/selection.json" rwf rwf-dot),}
   "$BIN/hf-clroute" bench --suite "$1" --methods "$run" --seeds "$SEEDS" --out "$out" \
       --selection "$out/selection.json" --no-progress ${MERGE:+--merge}
+}
+
+variant() {  # selection.json default alternative: the one whose pick scored higher on validation
+  "$BIN/python" -c 'import json, sys
+m = json.load(open(sys.argv[1]))["methods"]
+print(sys.argv[3] if m[sys.argv[3]]["pick_validation_A_T"] > m[sys.argv[2]]["pick_validation_A_T"] else sys.argv[2])' "$@"
 }
 
 rows() {  # suite group [methods: some of the group's, comma-separated]
@@ -133,6 +144,14 @@ scarce() {  # group: split-mnist-r at 20% of its data, with the picks made on sp
   esac
   "$BIN/hf-clroute" bench --suite split-mnist-r-20pct --methods "$methods" --seeds "${SCARCE_SEEDS:-0,1,2}" \
       --out "results/split-mnist-r-20pct.parts/$1" --selection "results/split-mnist-r.parts/$1/selection.json" --no-progress
+}
+
+counts() {  # [methods]: the task-count study; each suite's runs land in results/wordnet-<n>tasks.parts/<seeds>
+  local n
+  for n in 5 10 20 40; do
+    "$BIN/hf-clroute" bench --suite "wordnet-${n}tasks" --methods "${1:-rwf,rwf-head-only,slda}" --seeds "$SEEDS" \
+        --out "results/wordnet-${n}tasks.parts/${1:-rows}-s${SEEDS//,/}" --selection results/wordnet/selection.json --no-progress
+  done
 }
 
 room() {

@@ -71,7 +71,7 @@ def test_a_suite_file_can_extend_another(tmp_path):
     assert five.training == {**SuiteConfig.load("wordnet").training, "eval_every": 0, "evals_per_task": 0}
     assert scarce.training == base.training and scarce.bases == ["split-mnist"]
     assert scarce.quick_version().training["batch_size"] == base.training["batch_size"]
-    assert [SuiteConfig.load(f"wordnet-{n}tasks").n_tasks for n in (5, 10)] == [5, 10]
+    assert [SuiteConfig.load(f"wordnet-{n}tasks").n_tasks for n in (5, 10, 20, 40)] == [5, 10, 20, 40]
     loop = tmp_path / "loop.json"
     loop.write_text(json.dumps({"base": str(loop), "name": "loop"}))
     with pytest.raises(ValueError, match="loops back"):

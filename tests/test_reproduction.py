@@ -46,6 +46,18 @@ def test_status_follows_the_paired_test_and_the_ratio(tmp_path):
     assert got[4]["status"] == "not measured"
 
 
+def test_a_side_with_minus_reads_the_change_seed_by_seed(tmp_path):
+    _results(tmp_path, "few", {"a": [0.60, 0.62, 0.61, 0.63, 0.60], "b": [0.50, 0.52, 0.51, 0.53, 0.50]})
+    _results(tmp_path, "many", {"a": [0.58, 0.61, 0.60, 0.60], "b": [0.30, 0.31, 0.29, 0.32, 0.30]})
+    drop = lambda m: {"results": "few", "minus": "many", "method": m, "metric": "A_T", "scale": 100}
+    claim = load_claims(_write_claims(tmp_path, [_claim(a=drop("a"), b=drop("b"), compare="less", min_seeds=3)]))[0]
+    assert claim.a.per_seed(tmp_path) == pytest.approx({0: 2.0, 1: 1.0, 2: 1.0, 3: 3.0})  # seed 4: "many" lacks it
+    got = assess(claim, tmp_path)
+    assert got["status"] == "reproduced in direction" and got["paired"]["n"] == 4
+    with pytest.raises(UserInputError, match="'minus' subtracts"):
+        load_claims(_write_claims(tmp_path, [_claim(a={"results": "x.json", "minus": "y", "metric": "m"})]))
+
+
 def test_a_failed_claim_must_name_its_isolating_run(tmp_path):
     _results(tmp_path, "s", {"a": [0.5] * 5, "b": [0.5] * 5})
     claim = load_claims(_write_claims(tmp_path, [_claim()]))[0]

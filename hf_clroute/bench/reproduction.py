@@ -21,7 +21,9 @@ A claim's ``compare`` is one of ``greater`` (a > b), ``less`` (a < b), ``ratio_a
 
 A side reads ``metric`` of ``method`` in each ``per_seed`` row of ``results/<results>/results.json``, or,
 when ``results`` names a ``.json`` file and no method is given, the one number at the dotted ``metric``
-path in that file (list indices allowed), for measurements that have no seeds.
+path in that file (list indices allowed), for measurements that have no seeds. A side with ``minus``
+(another results directory) reads a change instead: the same metric of the same method there, subtracted
+seed by seed over the seeds both hold (e.g. the drop in A_T from 5 to 40 tasks).
 """
 
 from __future__ import annotations
@@ -53,8 +55,15 @@ class Side:
     metric: str
     method: str | None = None
     scale: float = 1.0  # e.g. 100 to print a fraction as %
+    minus: str | None = None  # results/<minus>: read there too and subtracted, seed by seed
 
     def per_seed(self, root: Path) -> dict[int, float] | None:
+        if self.minus is not None:
+            here, there = Side(self.results, self.metric, self.method, self.scale).per_seed(root), \
+                Side(self.minus, self.metric, self.method, self.scale).per_seed(root)
+            if here is None or there is None:
+                return None
+            return {seed: here[seed] - there[seed] for seed in sorted(here.keys() & there.keys())} or None
         if self.method is None:  # one number in a JSON file, no seeds
             path = root / self.results
             value = _dig(json.loads(path.read_text()), self.metric) if path.exists() else None
@@ -124,6 +133,9 @@ class Claim:
                     sides[name] = Side(**raw[name])
                 except TypeError as err:
                     raise UserInputError(f"{where}: field {name!r}: {err}") from None
+                if sides[name].minus is not None and sides[name].method is None:
+                    raise UserInputError(f"{where}: field {name!r}: 'minus' subtracts a method's per-seed rows; "
+                                         "name its 'method'")
         if compare == "near" and "b" in sides:
             raise UserInputError(f"{where}: a 'near' claim measures one side 'a' against its target, no 'b'")
         if compare != "near" and ("a" in sides) != ("b" in sides):
