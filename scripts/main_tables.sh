@@ -20,8 +20,8 @@
 #   scripts/main_tables.sh counts [m,..]              wordnet's 40 classes in 5/10/20/40 tasks (wordnet-<n>tasks) with
 #                                                    wordnet's validation picks: RwF, its control, streaming LDA
 #                                                    (SEEDS=...; the 8-task rows are wordnet's own)
-#   scripts/main_tables.sh scarce <group>            the same rows at 20% of the data (split-mnist-r-20pct),
-#                                                    with split-mnist-r's picks; then merge split-mnist-r-20pct
+#   scripts/main_tables.sh scarce <group> [m,..]     the same rows at 20% of the data (split-mnist-r-20pct),
+#                                                    with split-mnist-r's picks; then add them to split-mnist-r-20pct
 # Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint,
 # baselines (gradient CL baselines; on wordnet finetune, LoRA, ER), controls (mars-gaussian-align's control, added later);
 # on split-mnist-r: cached (the statistics heads and RwF's control), prompts (RwF, its paper form,
@@ -138,12 +138,12 @@ scarce() {  # group: split-mnist-r at 20% of its data, with the picks made on sp
             # (committed: the cached group on SCARCE_SEEDS=0,1,2,3,4, the others on 0,1,2)
   local methods
   case "$1" in
-    prompts) methods=rwf ;;  # L2P and DualPrompt at 20% did not fit this round's CPU time
+    prompts) methods=${2:-rwf,l2p,dualprompt} ;;  # committed: rwf, then l2p,dualprompt (a later round)
     adapters) methods=coda-prompt,online-lora ;;
     cached) methods=rwf-head-only,slda ;;
   esac
   "$BIN/hf-clroute" bench --suite split-mnist-r-20pct --methods "$methods" --seeds "${SCARCE_SEEDS:-0,1,2}" \
-      --out "results/split-mnist-r-20pct.parts/$1" --selection "results/split-mnist-r.parts/$1/selection.json" --no-progress
+      --out "results/split-mnist-r-20pct.parts/$1${2:+-${2//,/-}}" --selection results/split-mnist-r/selection.json --no-progress
 }
 
 counts() {  # [methods]: the task-count study; each suite's runs land in results/wordnet-<n>tasks.parts/<seeds>

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from hf_clroute import get_cl_model
@@ -158,3 +159,19 @@ def test_a_selection_serves_its_suite_and_the_suites_based_on_it_only(tmp_path):
             assert "tuned on suite 'split-mnist'" in str(err) and other in str(err)
         else:
             raise AssertionError(f"a split-mnist selection was accepted for {other}")
+
+
+def test_only_a_task_count_study_reuses_picks_across_task_counts(tmp_path):
+    from dataclasses import replace
+
+    from hf_clroute.bench.suites import load_selection
+    from hf_clroute.errors import UserInputError
+
+    path = tmp_path / "selection.json"
+    path.write_text(json.dumps({"suite": "wordnet", "methods": {"rwf": {"pick": {"training.learning_rate": 0.001}}}}))
+    forty = SuiteConfig.load("wordnet-40tasks")
+    assert forty.reuse_picks_across_task_counts and forty.n_tasks == 40
+    assert "rwf" in load_selection(path, forty)
+    # the same split without the study's opt-in is another stream: its picks must come from its own validation
+    with pytest.raises(UserInputError, match="same dataset, backbone, scenario, n_tasks"):
+        load_selection(path, replace(forty, reuse_picks_across_task_counts=False))

@@ -84,6 +84,12 @@ class SuiteConfig:
         default_factory=list,
         metadata={"help": "The suites this one is based on, nearest first (set from the file's 'base' chain)."},
     )
+    reuse_picks_across_task_counts: bool = field(
+        default=False,
+        metadata={"help": "Run with a base suite's validation picks although this suite splits its classes into another "
+                          "number of tasks (a task-count study: one setting, chosen on the base's validation split, "
+                          "measured at several task counts). Off: a selection is reused only on the same stream."},
+    )
     allow_fewer_per_class: bool = field(
         default=False,
         metadata={"help": "When a class has fewer examples than train_per_class / test_per_class asks for: keep what "
@@ -448,13 +454,15 @@ STREAM_FIELDS = ("dataset", "backbone", "scenario", "n_tasks")
 def load_selection(path: str | Path, suite: Any) -> dict[str, Any]:
     """``selection.json`` of ``suite``, or of a suite it is based on that draws the same stream
     (``STREAM_FIELDS``; e.g. the stream at 20% of its data reuses the full stream's picks, made on
-    that stream's validation split; results.json copies the record, which names the suite tuned on).
+    that stream's validation split; results.json copies the record, which names the suite tuned on), or
+    of its base with another task count where the suite says so (``reuse_picks_across_task_counts``).
     Refused for any other suite."""
     selection = json.loads(Path(path).read_text())
     tuned_on = selection.get("suite")
     if tuned_on != suite.name:
+        fields = [f for f in STREAM_FIELDS if not (f == "n_tasks" and getattr(suite, "reuse_picks_across_task_counts", False))]
         same_stream = tuned_on in (suite.bases or []) and all(
-            read_suite_file(tuned_on)[1].get(name) == getattr(suite, name, None) for name in STREAM_FIELDS)
+            read_suite_file(tuned_on)[1].get(name) == getattr(suite, name, None) for name in fields)
         if not same_stream:
             raise UserInputError(f"selection {path} was tuned on suite {tuned_on!r}, not {suite.name!r} (a suite "
                                  f"based on it may reuse it only with the same {', '.join(STREAM_FIELDS)})")
