@@ -42,7 +42,8 @@ methods() {  # suite group
             else
               echo knn,joint-frozen,rwf-head-only,apn-head-only,mars-head-only,mars,mars-gaussian-align
             fi ;;
-    routing) if [ "$1" = wordnet ]; then echo rwf; else echo rwf,apn; fi ;;
+    routing) if [ "$1" = wordnet ]; then echo rwf,apn,apn-head-only  # apn and its control: `rows`, 3 seeds
+             else echo rwf,apn; fi ;;
     qoa) echo qoa ;;
     joint) echo joint ;;
     baselines) if [ "$1" = wordnet ]; then echo finetune,lora,er  # the gradient baselines issue 35 asks of wordnet
