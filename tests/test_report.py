@@ -47,6 +47,9 @@ def test_a_study_sharing_no_method_with_its_base_gets_no_empty_table():
     assert study_tables({"split-mnist": {"ncm": row}, "split-mnist-buffer": {"er-b0": row}}) == ""
     table = study_tables({"split-mnist": {"ncm": row}, "split-mnist-20pct": {"ncm": row}})
     assert "| ncm | 50.0 ± 1.0 | 50.0 ± 1.0 | +0.0 |" in table
+    # task counts read in order: 5, 10, 40 tasks, not the order of their names' characters
+    counts = study_tables({"wordnet": {"ncm": row}, **{f"wordnet-{n}tasks": {"ncm": row} for n in (40, 10, 5)}})
+    assert counts.index("wordnet-5tasks") < counts.index("wordnet-10tasks") < counts.index("wordnet-40tasks")
 
 
 def _row(per_seed: list[float], edge: bool | None = None, validation: float | None = None) -> dict:

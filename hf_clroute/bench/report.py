@@ -82,6 +82,11 @@ def _a_t(row: dict | None) -> str:
     return f"{stat['mean'] * 100:.1f} ± {stat['std'] * 100:.1f}" if stat else "—"
 
 
+def _natural(name: str) -> list:
+    """Sort key that orders the numbers inside a name by value."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
 def study_tables(suites: dict[str, dict]) -> str:
     """A suite named ``<base>-<variant>`` (a suite file extending ``<base>``, e.g. at 20% of the data
     or with another task count) is set beside its base: A_T of the methods run on all of them and
@@ -89,7 +94,8 @@ def study_tables(suites: dict[str, dict]) -> str:
     out = []
     for base, base_rows in suites.items():
         # A study that shares no method with its base (its own variants, e.g. buffer sizes) has its own section.
-        variants = [name for name in suites if name.startswith(base + "-") and set(suites[name]) & set(base_rows)]
+        variants = sorted((name for name in suites if name.startswith(base + "-") and set(suites[name]) & set(base_rows)),
+                          key=_natural)  # wordnet-5tasks before wordnet-10tasks
         if not variants:
             continue
         methods = [m for m in base_rows if all(m in suites[v] for v in variants)]
