@@ -29,7 +29,7 @@ seed by seed over the seeds both hold (e.g. the drop in A_T from 5 to 40 tasks).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import UserInputError
@@ -60,8 +60,8 @@ class Side:
 
     def per_seed(self, root: Path) -> dict[int, float] | None:
         if self.minus is not None:
-            here, there = Side(self.results, self.metric, self.method, self.scale).per_seed(root), \
-                Side(self.minus, self.metric, self.method, self.scale).per_seed(root)
+            here = replace(self, minus=None).per_seed(root)
+            there = replace(self, results=self.minus, minus=None).per_seed(root)
             if here is None or there is None:
                 return None
             return {seed: here[seed] - there[seed] for seed in sorted(here.keys() & there.keys())} or None

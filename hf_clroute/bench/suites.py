@@ -460,7 +460,8 @@ def load_selection(path: str | Path, suite: Any) -> dict[str, Any]:
     selection = json.loads(Path(path).read_text())
     tuned_on = selection.get("suite")
     if tuned_on != suite.name:
-        fields = [f for f in STREAM_FIELDS if not (f == "n_tasks" and getattr(suite, "reuse_picks_across_task_counts", False))]
+        other_counts = getattr(suite, "reuse_picks_across_task_counts", False)
+        fields = [f for f in STREAM_FIELDS if not (f == "n_tasks" and other_counts)]
         same_stream = tuned_on in (suite.bases or []) and all(
             read_suite_file(tuned_on)[1].get(name) == getattr(suite, name, None) for name in fields)
         if not same_stream:
