@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from .errors import UserInputError  # stdlib-only modules: keep `hf-clroute --help` fast
+from .bench.grid_search import MAX_EXTENSIONS
 from .io import HubPushError
 
 PRECISIONS = ("auto", "bf16", "fp32")
@@ -124,8 +125,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         suite = dataclasses.replace(suite, training={**suite.training, **precision})
     methods = args.methods or suite.method_names()
     command = (f"hf-clroute tune --suite {args.suite} --methods {','.join(methods)} --seed {args.seed}"
-               f"{' --quick' if args.quick else ''} --out {args.out}")
-    selection = tune(suite, methods, Path(args.out), seed=args.seed, command=command, progress=not args.no_progress)
+               f"{' --quick' if args.quick else ''} --out {args.out}"
+               f"{f' --max-extensions {args.max_extensions}' if args.max_extensions != MAX_EXTENSIONS else ''}"
+               f"{f' --resume {args.resume}' if args.resume else ''}")
+    selection = tune(suite, methods, Path(args.out), seed=args.seed, command=command, progress=not args.no_progress,
+                     max_extensions=args.max_extensions, resume=Path(args.resume) if args.resume else None)
     for method, record in selection["methods"].items():
         best = record.get("pick_validation_A_T", max(record["validation_A_T"]))  # extensions included
         runs = len(record["grid"]) + len(record.get("extensions", []))
@@ -288,6 +292,11 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--quick", action="store_true", help="the suite's reduced version")
     tune.add_argument("--out", required=True, help="directory for selection.json (added to if it exists)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bars")
+    tune.add_argument("--max-extensions", type=int, default=MAX_EXTENSIONS,
+                      help="edge extensions per method (an edge pick extends its axis one step per run)")
+    tune.add_argument("--resume", default=None,
+                      help="a selection.json whose searches of these methods (same suite, seed, grid) continue here: "
+                           "its scores are read, not run again (with a higher --max-extensions, an edge pick extends)")
     tune.add_argument("--precision", choices=PRECISIONS, default=None,
                       help="bf16 autocast or fp32 (auto: bf16 only where measured faster; hf_clroute.precision)")
     tune.set_defaults(func=cmd_tune)

@@ -53,8 +53,14 @@ def sgse_timing(row: dict, window: int = 10) -> list[dict]:
     return out
 
 
+def _in_order(files) -> list[Path]:
+    """A run in DIR-extended (`mars_ablations.sh extend`: a search continued past the extension limit, and its
+    seeds re-run) comes after every other, so its rows and picks replace theirs."""
+    return sorted(files, key=lambda f: (f.parent.name.endswith("-extended"), f.parent.name))
+
+
 def table(out: Path) -> dict:
-    runs = [json.loads(f.read_text()) for f in sorted((out / "parts").glob("*/results.json"))]
+    runs = [json.loads(f.read_text()) for f in _in_order((out / "parts").glob("*/results.json"))]
     if len({r["suite"] for r in runs}) != 1:
         raise SystemExit(f"{out}/parts holds runs of several suites: {sorted({r['suite'] for r in runs})}")
     methods = {m: row for r in runs for m, row in r["methods"].items()}
@@ -85,9 +91,10 @@ def table(out: Path) -> dict:
             "calibrated 200-input reference: its entry 'mars' is that base (now mars-val-calibrated-sgse), each "
             "mars-val-* row the base with one option set otherwise. mars-val-tracked-sgse scored highest, so the "
             "mars row now uses the tracked level; its own pick is row_picks['mars'].")
-    # tune/<row>/ holds one row's pick; tune/ablations/ (`mars_ablations.sh together`) holds several
-    report["row_picks"] = {k: v for f in sorted((out / "tune").glob("*/selection.json"))
-                           for k, v in picks(f, None if f.parent.name == "ablations" else f.parent.name).items()}
+    # tune/<row>/ holds one row's pick; tune/ablations/ (`mars_ablations.sh together`) and tune/*-extended/ hold several
+    several = lambda name: name == "ablations" or name.endswith("-extended")
+    report["row_picks"] = {k: v for f in _in_order((out / "tune").glob("*/selection.json"))
+                           for k, v in picks(f, None if several(f.parent.name) else f.parent.name).items()}
     return report
 
 

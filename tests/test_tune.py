@@ -140,3 +140,41 @@ def test_the_tune_summary_reports_the_pick_with_its_extensions(monkeypatch, caps
     monkeypatch.setattr(tune_module, "tune", lambda *a, **k: {"methods": {"rwf-head-only": record}})
     assert main(["tune", "--suite", "split-mnist", "--methods", "rwf-head-only", "--out", str(tmp_path)]) == 0
     assert "validation A_T 14.6  (13 configs, 1 of them extensions)" in capsys.readouterr().out
+
+
+def test_resume_reads_the_earlier_runs_and_only_the_new_extensions_train(tiny_suite, tmp_path, monkeypatch):
+    """An edge pick left by the extension limit is continued: the scores recorded are read, not trained
+    again, and the result is the search a higher limit would have made from the start."""
+    from hf_clroute.bench.suites import SuiteConfig
+
+    data = json.loads(open(tiny_suite).read())
+    path = tmp_path / "tiny-val.json"
+    path.write_text(json.dumps({**data, "validation_per_class": 4}))
+    suite = SuiteConfig.load(str(path))
+    trained = []
+
+    def run_method(suite, method, seed, *, selected, **kwargs):  # validation A_T rises with the learning rate
+        trained.append(selected[LR])
+        return selected[LR], None, None
+
+    monkeypatch.setattr(tuning, "run_method", run_method)
+    monkeypatch.setattr(tuning, "summarize_result", lambda lr, scenario: {"A_T": math.log10(lr)})
+    first = tuning.tune(suite, ["finetune"], tmp_path / "first", max_extensions=1)["methods"]["finetune"]
+    assert first["edge"] and first["edge_axes"][0]["reason"] == "extensions used up" and len(trained) == BUDGET + 1
+
+    trained.clear()
+    resumed = tuning.tune(suite, ["finetune"], tmp_path / "first", max_extensions=3,
+                          resume=tmp_path / "first" / "selection.json")["methods"]["finetune"]
+    assert trained == [0.027, 0.081]  # only the two new steps past 9e-3 trained
+    assert resumed["resumed"]["runs_read"] == BUDGET + 1 and resumed["max_extensions"] == 3
+    trained.clear()
+    fresh = tuning.tune(suite, ["finetune"], tmp_path / "fresh", max_extensions=3)["methods"]["finetune"]
+    assert len(trained) == BUDGET + 3
+    assert {k: v for k, v in resumed.items() if k != "resumed"} == fresh
+    # another seed's (or method's) search is not resumed
+    with pytest.raises(ValueError, match="seed"):
+        tuning.tune(suite, ["finetune"], tmp_path / "x", seed=1, resume=tmp_path / "first" / "selection.json")
+    with pytest.raises(ValueError, match="no search of method 'ncm'"):
+        tuning.tune(suite, ["ncm"], tmp_path / "x", resume=tmp_path / "first" / "selection.json")
+    with pytest.raises(ValueError, match="max_extensions"):
+        tuning.tune(suite, ["finetune"], tmp_path / "x", max_extensions=-1)

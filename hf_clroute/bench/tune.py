@@ -13,7 +13,11 @@ One search rule for every method, so no method wins by a larger search:
   step past the edge (the ratio of the edge to its neighbour; the other axes at the
   pick) and runs it; repeated up to ``MAX_EXTENSIONS`` (3) runs per method. A pick still
   on an edge after that, or at the end of its axis's valid range, is flagged
-  (``"edge": true`` and which axis); the tables mark it.
+  (``"edge": true`` and which axis); the tables mark it. Such a pick is not a pick: ``resume``
+  (``--resume``) continues that search with a higher ``max_extensions``, reading the scores
+  the earlier search recorded instead of training them again (a run is deterministic for
+  its seed), so only the new extensions train. Every method gets the same rule; the limit
+  each search ran under is recorded with it.
 
 ``"search"`` is either axes whose product gives the points (``{"config.k": [1, 5]}``) or
 explicit points (``{"points": [{"config.a": 1, "config.b": "x"}, ...]}``); a dict value
@@ -122,10 +126,34 @@ def selected(point: Point, config: Any) -> dict[str, Any]:
     return out
 
 
+def _key(point: Point) -> str:
+    return json.dumps(point, sort_keys=True)
+
+
+def recorded_scores(resume: Path, suite: str, method: str, grid: list[Point], seed: int) -> dict[str, float]:
+    """The validation A_T of every point an earlier search of ``method`` ran (``resume``: its selection.json),
+    by point. Only the same search can be resumed: the same suite, seed and grid."""
+    previous = json.loads(Path(resume).read_text())
+    record = previous.get("methods", {}).get(method)
+    where = f"--resume {resume}"
+    if previous.get("suite") != suite:
+        raise ValueError(f"{where}: tuned on suite {previous.get('suite')!r}, not {suite!r}")
+    if record is None:
+        raise ValueError(f"{where}: no search of method {method!r} to resume (it has {sorted(previous.get('methods', {}))})")
+    if record.get("seed") != seed or record.get("grid") != grid:
+        raise ValueError(f"{where}: method {method!r} was searched with seed {record.get('seed')} over another grid "
+                         f"or seed than this one (seed {seed}); tune it afresh")
+    runs = [*zip(record["grid"], record["validation_A_T"]),
+            *((e["point"], e["validation_A_T"]) for e in record.get("extensions", []))]
+    return {_key(point): score for point, score in runs}
+
+
 def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, command: str | None = None,
-         progress: bool = False) -> dict[str, Any]:
+         progress: bool = False, max_extensions: int = MAX_EXTENSIONS, resume: Path | None = None) -> dict[str, Any]:
     if not suite.validation_per_class:
         raise ValueError(f"suite {suite.name!r} has no validation split (set validation_per_class)")
+    if isinstance(max_extensions, bool) or not isinstance(max_extensions, int) or max_extensions < 0:
+        raise ValueError(f"max_extensions must be an integer >= 0, got {max_extensions!r}")
     # No probes while tuning, and no anytime evaluations: only the validation A_T decides.
     quiet = dataclasses.replace(suite, probe_forgetting=False)
     backbone, collator = load_suite_backbone(suite)
@@ -134,15 +162,22 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
         config = resolve_run(suite, method, seed).adapter_config
         model = get_cl_model(copy.deepcopy(backbone), config)
         trains, frozen = bool(model.trainable_parameters()), model.reads_frozen_features()
-        plans[method] = (config, trains, frozen, search_grid(method, trains))
+        grid = search_grid(method, trains)
+        known = recorded_scores(resume, suite.name, method, grid, seed) if resume else {}
+        plans[method] = (config, trains, frozen, grid, known)
         del model
     stream = decode_stream_if_small(validation_stream(build_stream(suite, seed)), collator)
     cached_stream = None
-    if any(frozen for _, _, frozen, _ in plans.values()):
+    if any(frozen for _, _, frozen, _, _ in plans.values()):
         cached_stream, _ = cache_stream_features(backbone, stream, collator)
     record: dict[str, Any] = {}
-    for method, (config, trains, frozen, grid) in plans.items():
+    for method, (config, trains, frozen, grid, known) in plans.items():
+        reused = []
+
         def score(point: Point) -> float:
+            if _key(point) in known:  # resumed: the earlier search ran this point
+                reused.append(point)
+                return known[_key(point)]
             started = time.perf_counter()
             result, _, _ = run_method(
                 quiet, method, seed, stream=cached_stream if frozen else stream,
@@ -161,9 +196,10 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
                 return False
             return True
 
-        found = search(grid, score, valid)
+        found = search(grid, score, valid, max_extensions)
         record[method] = {**found, "pick": selected(found["pick_point"], config), "seed": seed, "trains": trains,
-                          "metric": "A_T on the validation split"}
+                          "metric": "A_T on the validation split", "max_extensions": max_extensions,
+                          **({"resumed": {"from": str(resume), "runs_read": len(reused)}} if resume else {})}
     selection = {"suite": suite.name, "methods": record, "learning_rates": list(LEARNING_RATES),
                  "weight_decays": list(WEIGHT_DECAYS), "budget": BUDGET, "max_extensions": MAX_EXTENSIONS,
                  "commands": [command] if command else []}
