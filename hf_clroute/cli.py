@@ -47,6 +47,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         f"--seeds {','.join(map(str, args.seeds))}{' --quick' if args.quick else ''} --out {args.out}"
         f"{' --merge' if args.merge else ''}{' --selection ' + args.selection if args.selection else ''}"
         f"{' --from-adapter ' + args.from_adapter if args.from_adapter else ''}"
+        f"{' --precision ' + args.precision if args.precision else ''}"
     )
     kind = suite_kind(args.suite)
     runner = runner_module(kind)
@@ -127,7 +128,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     command = (f"hf-clroute tune --suite {args.suite} --methods {','.join(methods)} --seed {args.seed}"
                f"{' --quick' if args.quick else ''} --out {args.out}"
                f"{f' --max-extensions {args.max_extensions}' if args.max_extensions != MAX_EXTENSIONS else ''}"
-               f"{f' --resume {args.resume}' if args.resume else ''}")
+               f"{f' --resume {args.resume}' if args.resume else ''}"
+               f"{f' --precision {args.precision}' if args.precision else ''}")
     selection = tune(suite, methods, Path(args.out), seed=args.seed, command=command, progress=not args.no_progress,
                      max_extensions=args.max_extensions, resume=Path(args.resume) if args.resume else None)
     for method, record in selection["methods"].items():

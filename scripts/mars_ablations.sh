@@ -10,9 +10,11 @@
 #   scripts/mars_ablations.sh baseline   # the suite's committed fine-tuning row (results/$SUITE, tuned with the
 #                                        # same budget) as parts/finetune, instead of tuning it again (wordnet)
 #   scripts/mars_ablations.sh extend DIR ROWS  # rows (comma-separated) of tune/DIR whose pick the extension limit left
-#                                        # on an edge: their searches continue to 6 extensions (tune --resume: the runs
-#                                        # recorded are read, not trained again) into tune/DIR-extended, then their
-#                                        # seeds re-run into parts/DIR-extended (an -extended run replaces the earlier)
+#                                        # on an edge: their searches continue (tune --resume: the runs recorded are
+#                                        # read, not trained again; EXTENSIONS in all, default 6) into tune/DIR-extended
+#                                        # (again: from there), then their seeds re-run into parts/DIR-extended (an
+#                                        # -extended run replaces the earlier). In fp32, as the rows it continues ran
+#                                        # (before bf16 autocast), so one table holds one precision
 #   scripts/mars_ablations.sh paired     # per-seed paired differences -> results/mars-split-mnist/paired.json
 # SUITE (default split-mnist) and SEEDS (default 0,1,2,3,4) override; results go to results/mars-$SUITE.
 set -euo pipefail
@@ -46,10 +48,11 @@ case "${1:-all}" in
               --selection "$OUT/tune/ablations/selection.json" --no-progress ;;
   baseline) others=$("$BIN/python" -c "import json, sys; print(','.join(m for m in json.load(open(sys.argv[1]))['methods'] if m != sys.argv[2]))" "results/$SUITE/results.json" "$BASELINE")
             "$BIN/hf-clroute" merge --out "$OUT/parts/$BASELINE" "results/$SUITE" --drop "$others" ;;
-  extend) "$BIN/hf-clroute" tune --suite "$SUITE" --methods "$3" --seed 0 --out "$OUT/tune/$2-extended" --no-progress \
-            --resume "$OUT/tune/$2/selection.json" --max-extensions 6
+  extend) from=$OUT/tune/$2-extended/selection.json; [ -f "$from" ] || from=$OUT/tune/$2/selection.json
+          "$BIN/hf-clroute" tune --suite "$SUITE" --methods "$3" --seed 0 --out "$OUT/tune/$2-extended" --no-progress \
+            --resume "$from" --max-extensions "${EXTENSIONS:-6}" --precision fp32
           "$BIN/hf-clroute" bench --suite "$SUITE" --methods "$3" --seeds "$SEEDS" --out "$OUT/parts/$2-extended" \
-            --selection "$OUT/tune/$2-extended/selection.json" --no-progress ;;
+            --selection "$OUT/tune/$2-extended/selection.json" --no-progress --precision fp32 ;;
   paired) "$BIN/python" scripts/mars_paired.py "$OUT" ;;
   all) "$0" validate; "$0" rows; "$0" paired ;;
   *) echo "usage: $0 [validate|rows|row METHOD|together|extend DIR ROWS|baseline|paired|all]" >&2; exit 2 ;;

@@ -6,6 +6,7 @@ tests/test_bench.py runs the tuner end to end on a tiny suite.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -147,6 +148,7 @@ def test_resume_reads_the_earlier_runs_and_only_the_new_extensions_train(tiny_su
     again, and the result is the search a higher limit would have made from the start."""
     from hf_clroute.bench.suites import SuiteConfig
 
+    monkeypatch.delenv("HF_CLROUTE_PRECISION", raising=False)
     data = json.loads(open(tiny_suite).read())
     path = tmp_path / "tiny-val.json"
     path.write_text(json.dumps({**data, "validation_per_class": 4}))
@@ -176,5 +178,15 @@ def test_resume_reads_the_earlier_runs_and_only_the_new_extensions_train(tiny_su
         tuning.tune(suite, ["finetune"], tmp_path / "x", seed=1, resume=tmp_path / "first" / "selection.json")
     with pytest.raises(ValueError, match="no search of method 'ncm'"):
         tuning.tune(suite, ["ncm"], tmp_path / "x", resume=tmp_path / "first" / "selection.json")
+    # a record made before bf16 autocast (no precision) ran in fp32: resumed only in fp32
+    record = json.loads((tmp_path / "first" / "selection.json").read_text())
+    assert record["methods"]["finetune"]["precision"] == "auto"
+    del record["methods"]["finetune"]["precision"]
+    (tmp_path / "old.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="precision 'fp32', this run's is 'auto': resume with --precision fp32"):
+        tuning.tune(suite, ["finetune"], tmp_path / "x", max_extensions=4, resume=tmp_path / "old.json")
+    fp32 = dataclasses.replace(suite, training={**suite.training, "precision": "fp32"})
+    assert tuning.tune(fp32, ["finetune"], tmp_path / "x", max_extensions=4,
+                       resume=tmp_path / "old.json")["methods"]["finetune"]["precision"] == "fp32"
     with pytest.raises(ValueError, match="max_extensions"):
         tuning.tune(suite, ["finetune"], tmp_path / "x", max_extensions=-1)

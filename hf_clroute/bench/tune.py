@@ -44,6 +44,7 @@ from ..data.collate import decode_stream_if_small
 from ..data.streams import validation_stream
 from ..io import atomic_write_text
 from ..model import get_cl_model
+from ..precision import setting_from
 from .classification import run_method, summarize_result
 from .feature_cache import FeatureCollator, cache_stream_features
 from .grid_search import MAX_EXTENSIONS, Point, search
@@ -130,9 +131,11 @@ def _key(point: Point) -> str:
     return json.dumps(point, sort_keys=True)
 
 
-def recorded_scores(resume: Path, suite: str, method: str, grid: list[Point], seed: int) -> dict[str, float]:
+def recorded_scores(resume: Path, suite: str, method: str, grid: list[Point], seed: int,
+                    precision: str) -> dict[str, float]:
     """The validation A_T of every point an earlier search of ``method`` ran (``resume``: its selection.json),
-    by point. Only the same search can be resumed: the same suite, seed and grid."""
+    by point. Only the same search can be resumed: the same suite, seed, grid and precision setting (a
+    record without one predates bf16 autocast: it ran in fp32)."""
     previous = json.loads(Path(resume).read_text())
     record = previous.get("methods", {}).get(method)
     where = f"--resume {resume}"
@@ -143,6 +146,9 @@ def recorded_scores(resume: Path, suite: str, method: str, grid: list[Point], se
     if record.get("seed") != seed or record.get("grid") != grid:
         raise ValueError(f"{where}: method {method!r} was searched with seed {record.get('seed')} over another grid "
                          f"or seed than this one (seed {seed}); tune it afresh")
+    if record.get("precision", "fp32") != precision:
+        raise ValueError(f"{where}: method {method!r} was searched with precision {record.get('precision', 'fp32')!r}, "
+                         f"this run's is {precision!r}: resume with --precision {record.get('precision', 'fp32')}")
     runs = [*zip(record["grid"], record["validation_A_T"]),
             *((e["point"], e["validation_A_T"]) for e in record.get("extensions", []))]
     return {_key(point): score for point, score in runs}
@@ -154,6 +160,7 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
         raise ValueError(f"suite {suite.name!r} has no validation split (set validation_per_class)")
     if isinstance(max_extensions, bool) or not isinstance(max_extensions, int) or max_extensions < 0:
         raise ValueError(f"max_extensions must be an integer >= 0, got {max_extensions!r}")
+    precision, _ = setting_from(suite.training.get("precision"))
     # No probes while tuning, and no anytime evaluations: only the validation A_T decides.
     quiet = dataclasses.replace(suite, probe_forgetting=False)
     backbone, collator = load_suite_backbone(suite)
@@ -163,7 +170,7 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
         model = get_cl_model(copy.deepcopy(backbone), config)
         trains, frozen = bool(model.trainable_parameters()), model.reads_frozen_features()
         grid = search_grid(method, trains)
-        known = recorded_scores(resume, suite.name, method, grid, seed) if resume else {}
+        known = recorded_scores(resume, suite.name, method, grid, seed, precision) if resume else {}
         plans[method] = (config, trains, frozen, grid, known)
         del model
     stream = decode_stream_if_small(validation_stream(build_stream(suite, seed)), collator)
@@ -199,6 +206,7 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
         found = search(grid, score, valid, max_extensions)
         record[method] = {**found, "pick": selected(found["pick_point"], config), "seed": seed, "trains": trains,
                           "metric": "A_T on the validation split", "max_extensions": max_extensions,
+                          "precision": precision,
                           **({"resumed": {"from": str(resume), "runs_read": len(reused)}} if resume else {})}
     selection = {"suite": suite.name, "methods": record, "learning_rates": list(LEARNING_RATES),
                  "weight_decays": list(WEIGHT_DECAYS), "budget": BUDGET, "max_extensions": MAX_EXTENSIONS,
