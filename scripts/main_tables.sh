@@ -14,6 +14,7 @@
 #   scripts/main_tables.sh merge <suite>             join the groups and rebuild BENCHMARKS.md
 #   scripts/main_tables.sh all                       everything, two suites side by side
 #   scripts/main_tables.sh add <suite> <dir>...      add bench runs' rows to the committed results/<suite>
+#   scripts/main_tables.sh mars-extended <suite>      MaRS's rows re-run by `mars_ablations.sh extend` into the table
 #   scripts/main_tables.sh mars <suite>              MaRS's rows as issue 32 left them (mars-paper re-run)
 #   scripts/main_tables.sh room                      RwF against its paper's baselines on split-mnist-r
 #                                                    (two jobs at a time)
@@ -101,15 +102,14 @@ merge() {  # suite
   done
   # MaRS and its control as issue 32 made them (scripts/mars_ablations.sh, tuned, 5 seeds): a later part's
   # rows replace an earlier part's rows of the same method and seeds, so these replace the cached group's.
+  # wordnet's rows after mars ran together (mars_ablations.sh together): the control joins the table,
+  # the ablations stay in results/mars-wordnet. A search continued past the extension limit
+  # (mars_ablations.sh extend) re-ran its rows into <part>-extended, after the part it replaces.
   local drop=()
-  for g in mars mars-head-only; do
+  for g in mars mars-head-only ablations mars-extended mars-head-only-extended ablations-extended; do
     [ -f "results/mars-$1/parts/$g/results.json" ] && parts+=("results/mars-$1/parts/$g")
   done
-  # wordnet's rows after mars ran together (mars_ablations.sh together): the control joins the table,
-  # the ablations stay in results/mars-wordnet
-  if [ -f "results/mars-$1/parts/ablations/results.json" ]; then
-    parts+=("results/mars-$1/parts/ablations"); drop=(--drop mars-no-sgse,mars-no-anchor,mars-no-stage1,mars-no-stage2)
-  fi
+  [ -f "results/mars-$1/parts/ablations/results.json" ] && drop=(--drop mars-no-sgse,mars-no-anchor,mars-no-stage1,mars-no-stage2)
   "$BIN/hf-clroute" merge --out "results/$1" "${parts[@]}" "${drop[@]}"
   "$BIN/hf-clroute" report
 }
@@ -126,6 +126,18 @@ all() {
 add() {  # suite run-dir...: rows added to (or, for the same method and seeds, replacing) the committed table
   local suite=$1; shift
   "$BIN/hf-clroute" merge --out "results/$suite" "results/$suite" "$@"
+  "$BIN/hf-clroute" report
+}
+
+mars-extended() {  # suite: the mars rows (and the control) whose searches `mars_ablations.sh extend` continued
+  local parts=() d ablations
+  for d in mars-extended mars-head-only-extended ablations-extended; do
+    [ -f "results/mars-$1/parts/$d/results.json" ] && parts+=("results/mars-$1/parts/$d")
+  done
+  # the ablations stay in results/mars-<suite>: drop those the re-runs carry
+  ablations=$("$BIN/python" -c 'import json, sys
+print(",".join(sorted({m for d in sys.argv[1:] for m in json.load(open(d + "/results.json"))["methods"] if m.startswith("mars-no-")})))' "${parts[@]}")
+  "$BIN/hf-clroute" merge --out "results/$1" "results/$1" "${parts[@]}" ${ablations:+--drop "$ablations"}
   "$BIN/hf-clroute" report
 }
 

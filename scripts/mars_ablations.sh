@@ -13,8 +13,9 @@
 #                                        # on an edge: their searches continue (tune --resume: the runs recorded are
 #                                        # read, not trained again; EXTENSIONS in all, default 6) into tune/DIR-extended
 #                                        # (again: from there), then their seeds re-run into parts/DIR-extended (an
-#                                        # -extended run replaces the earlier). In fp32, as the rows it continues ran
-#                                        # (before bf16 autocast), so one table holds one precision
+#                                        # -extended run replaces the earlier). PRECISION (required): the setting the
+#                                        # rows it continues ran with (their results.json; none recorded = fp32), so
+#                                        # a search and a table hold one precision
 #   scripts/mars_ablations.sh paired     # per-seed paired differences -> results/mars-split-mnist/paired.json
 # SUITE (default split-mnist) and SEEDS (default 0,1,2,3,4) override; results go to results/mars-$SUITE.
 set -euo pipefail
@@ -50,9 +51,9 @@ case "${1:-all}" in
             "$BIN/hf-clroute" merge --out "$OUT/parts/$BASELINE" "results/$SUITE" --drop "$others" ;;
   extend) from=$OUT/tune/$2-extended/selection.json; [ -f "$from" ] || from=$OUT/tune/$2/selection.json
           "$BIN/hf-clroute" tune --suite "$SUITE" --methods "$3" --seed 0 --out "$OUT/tune/$2-extended" --no-progress \
-            --resume "$from" --max-extensions "${EXTENSIONS:-6}" --precision fp32
+            --resume "$from" --max-extensions "${EXTENSIONS:-6}" --precision "${PRECISION:?set PRECISION to the setting the rows ran with}"
           "$BIN/hf-clroute" bench --suite "$SUITE" --methods "$3" --seeds "$SEEDS" --out "$OUT/parts/$2-extended" \
-            --selection "$OUT/tune/$2-extended/selection.json" --no-progress --precision fp32 ;;
+            --selection "$OUT/tune/$2-extended/selection.json" --no-progress --precision "$PRECISION" ;;
   paired) "$BIN/python" scripts/mars_paired.py "$OUT" ;;
   all) "$0" validate; "$0" rows; "$0" paired ;;
   *) echo "usage: $0 [validate|rows|row METHOD|together|extend DIR ROWS|baseline|paired|all]" >&2; exit 2 ;;

@@ -178,14 +178,17 @@ def test_resume_reads_the_earlier_runs_and_only_the_new_extensions_train(tiny_su
         tuning.tune(suite, ["finetune"], tmp_path / "x", seed=1, resume=tmp_path / "first" / "selection.json")
     with pytest.raises(ValueError, match="no search of method 'ncm'"):
         tuning.tune(suite, ["ncm"], tmp_path / "x", resume=tmp_path / "first" / "selection.json")
-    # a record made before bf16 autocast (no precision) ran in fp32: resumed only in fp32
+    # the precision setting is part of the search: another one is refused, and a record made before tune
+    # recorded it resumes only with the setting given explicitly
+    fp32 = dataclasses.replace(suite, training={**suite.training, "precision": "fp32"})
+    with pytest.raises(ValueError, match="precision 'auto', this run's is 'fp32': resume with --precision auto"):
+        tuning.tune(fp32, ["finetune"], tmp_path / "x", max_extensions=4, resume=tmp_path / "first" / "selection.json")
     record = json.loads((tmp_path / "first" / "selection.json").read_text())
     assert record["methods"]["finetune"]["precision"] == "auto"
     del record["methods"]["finetune"]["precision"]
     (tmp_path / "old.json").write_text(json.dumps(record))
-    with pytest.raises(ValueError, match="precision 'fp32', this run's is 'auto': resume with --precision fp32"):
+    with pytest.raises(ValueError, match="recorded no precision setting .* give --precision"):
         tuning.tune(suite, ["finetune"], tmp_path / "x", max_extensions=4, resume=tmp_path / "old.json")
-    fp32 = dataclasses.replace(suite, training={**suite.training, "precision": "fp32"})
     assert tuning.tune(fp32, ["finetune"], tmp_path / "x", max_extensions=4,
                        resume=tmp_path / "old.json")["methods"]["finetune"]["precision"] == "fp32"
     with pytest.raises(ValueError, match="max_extensions"):

@@ -132,10 +132,11 @@ def _key(point: Point) -> str:
 
 
 def recorded_scores(resume: Path, suite: str, method: str, grid: list[Point], seed: int,
-                    precision: str) -> dict[str, float]:
+                    precision: str, explicit: bool) -> dict[str, float]:
     """The validation A_T of every point an earlier search of ``method`` ran (``resume``: its selection.json),
-    by point. Only the same search can be resumed: the same suite, seed, grid and precision setting (a
-    record without one predates bf16 autocast: it ran in fp32)."""
+    by point. Only the same search can be resumed: the same suite, seed, grid and precision setting. A
+    record made before tune recorded its setting is resumed only with one given explicitly
+    (``explicit``: ``--precision``), the one its runs used; its bench rows' results.json say which."""
     previous = json.loads(Path(resume).read_text())
     record = previous.get("methods", {}).get(method)
     where = f"--resume {resume}"
@@ -146,9 +147,13 @@ def recorded_scores(resume: Path, suite: str, method: str, grid: list[Point], se
     if record.get("seed") != seed or record.get("grid") != grid:
         raise ValueError(f"{where}: method {method!r} was searched with seed {record.get('seed')} over another grid "
                          f"or seed than this one (seed {seed}); tune it afresh")
-    if record.get("precision", "fp32") != precision:
-        raise ValueError(f"{where}: method {method!r} was searched with precision {record.get('precision', 'fp32')!r}, "
-                         f"this run's is {precision!r}: resume with --precision {record.get('precision', 'fp32')}")
+    if "precision" not in record and not explicit:
+        raise ValueError(f"{where}: method {method!r}'s search recorded no precision setting (it predates the "
+                         f"record): give --precision, the setting its runs used (its bench rows' results.json "
+                         f"record it; none there means fp32)")
+    if record.get("precision", precision) != precision:
+        raise ValueError(f"{where}: method {method!r} was searched with precision {record['precision']!r}, "
+                         f"this run's is {precision!r}: resume with --precision {record['precision']}")
     runs = [*zip(record["grid"], record["validation_A_T"]),
             *((e["point"], e["validation_A_T"]) for e in record.get("extensions", []))]
     return {_key(point): score for point, score in runs}
@@ -160,7 +165,7 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
         raise ValueError(f"suite {suite.name!r} has no validation split (set validation_per_class)")
     if isinstance(max_extensions, bool) or not isinstance(max_extensions, int) or max_extensions < 0:
         raise ValueError(f"max_extensions must be an integer >= 0, got {max_extensions!r}")
-    precision, _ = setting_from(suite.training.get("precision"))
+    precision, source = setting_from(suite.training.get("precision"))
     # No probes while tuning, and no anytime evaluations: only the validation A_T decides.
     quiet = dataclasses.replace(suite, probe_forgetting=False)
     backbone, collator = load_suite_backbone(suite)
@@ -170,7 +175,8 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
         model = get_cl_model(copy.deepcopy(backbone), config)
         trains, frozen = bool(model.trainable_parameters()), model.reads_frozen_features()
         grid = search_grid(method, trains)
-        known = recorded_scores(resume, suite.name, method, grid, seed, precision) if resume else {}
+        known = (recorded_scores(resume, suite.name, method, grid, seed, precision, explicit=source != "default")
+                 if resume else {})
         plans[method] = (config, trains, frozen, grid, known)
         del model
     stream = decode_stream_if_small(validation_stream(build_stream(suite, seed)), collator)
