@@ -15,8 +15,9 @@ One search rule for every method, so no method wins by a larger search:
   on an edge after that, or at the end of its axis's valid range, is flagged
   (``"edge": true`` and which axis); the tables mark it. Such a pick is not a pick: ``resume``
   (``--resume``) continues that search with a higher ``max_extensions``, reading the scores
-  the earlier search recorded instead of training them again (a run is deterministic for
-  its seed), so only the new extensions train. Every method gets the same rule; the limit
+  the earlier search recorded instead of training them again, so only the new extensions
+  train (the recorded scores stand as they were measured; a re-run under later code can
+  differ by a point on a seed). Every method gets the same rule; the limit
   each search ran under is recorded with it.
 
 ``"search"`` is either axes whose product gives the points (``{"config.k": [1, 5]}``) or
