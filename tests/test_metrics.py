@@ -20,6 +20,7 @@ from hf_clroute.metrics import (
     backward_transfer,
     final_average_accuracy,
     forgetting,
+    format_mean_std,
     forward_transfer,
     load_metric,
     mean_std,
@@ -239,6 +240,15 @@ def test_aggregate_runs_skips_none() -> None:
     assert mean_std([0.3]) == {"mean": 0.3, "std": 0.0}
     with pytest.raises(ValueError, match="at least one"):
         mean_std([])
+
+
+def test_format_mean_std_says_one_seed_instead_of_a_zero_spread() -> None:
+    stat = mean_std([0.5, 0.52])
+    assert format_mean_std(stat) == "51.0 ± 1.4" and format_mean_std(stat, n=2) == "51.0 ± 1.4"
+    assert format_mean_std(mean_std([0.442]), n=1) == "44.2 (one seed)"
+    assert format_mean_std({"mean": 0.3, "std": 0.0}) == "30.0 ± 0.0"  # n unknown: the stat as stored
+    assert format_mean_std({"mean": 412.4, "std": 3.0}, scale=1, digits=0) == "412 ± 3"
+    assert format_mean_std(None) == "—" and format_mean_std(None, missing="n/a") == "n/a"
 
 
 def test_aggregate_of_class_il_fwt_is_none() -> None:

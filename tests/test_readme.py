@@ -194,8 +194,8 @@ def test_make_demo_prints_its_table(tmp_path: Path):
     assert {"finetune", "ncm"} <= set(cells), done.stdout[-3000:]
     for name in ("finetune", "ncm"):
         assert cells[name]["FWT"] == "—"  # class-incremental: the next task's classes are unreachable
-    # One seed: "mean ± std" cells read "19.3 ± 0.0"; the mean must parse as a percentage.
-    scores = {name: {column: float(row[column].split("±")[0]) for column in
+    # One seed: cells read "19.3 (one seed)"; the mean must parse as a percentage.
+    scores = {name: {column: float(row[column].split()[0]) for column in
                      ("A_T", "F_T", "Ā", "A_AUC", "deep F", "probe A_T", "trainable %")}
               for name, row in cells.items() if name in ("finetune", "ncm")}
     for name, row in scores.items():
@@ -233,7 +233,7 @@ def check_readme_demo_table(demo: dict[str, dict[str, str]]) -> None:
     stale = []
     for method, row in readme.items():
         for column, cell in row.items():
-            shown = demo[method][column].split("±")[0].strip()
+            shown = demo[method][column].split()[0]  # "19.3 (one seed)" or "19.3 ± 0.4": the mean
             if column == "method":
                 continue
             if cell == "—" or shown == "—":
@@ -249,8 +249,8 @@ def check_readme_demo_table(demo: dict[str, dict[str, str]]) -> None:
 def test_readme_demo_table_check_catches_a_stale_cell():
     """The check above fails on a README number the demo no longer prints (and passes on README's own)."""
     readme = readme_demo_table()
-    demo = {m: {c: (v if v == "—" or c == "method" else f"{v} ± 0.0") for c, v in row.items()} for m, row in readme.items()}
+    demo = {m: {c: (v if v == "—" or c == "method" else f"{v} (one seed)") for c, v in row.items()} for m, row in readme.items()}
     check_readme_demo_table(demo)
-    demo["finetune"]["deep F"] = f"{float(readme['finetune']['deep F']) + 0.4:.1f} ± 0.0"
+    demo["finetune"]["deep F"] = f"{float(readme['finetune']['deep F']) + 0.4:.1f} (one seed)"
     with pytest.raises(AssertionError, match="finetune deep F"):
         check_readme_demo_table(demo)

@@ -136,7 +136,8 @@ def test_results_markdown_shows_se_edge_marks_and_paired_verdicts():
     # A results.json written before these fields existed: n/a, no crash.
     old = {"suite": "mnist", "seeds": [0], "methods": {"rwf": method([0.5]), "rwf-head-only": method([0.55])}}
     table = results_markdown(old)
-    assert "| rwf | 50.0 ± 0.0 | n/a |" in table and "| -5.0 (one seed, no test) |" in table
+    assert "| rwf | 50.0 (one seed) | n/a |" in table and "| -5.0 (one seed, no test) |" in table
+    assert "± 0.0" not in table.split("Paired verdicts")[0]  # one seed has no spread to show
 
 
 def test_the_best_statistics_head_is_chosen_on_validation_never_on_test():

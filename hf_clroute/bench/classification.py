@@ -7,6 +7,8 @@ backbone; the stream for a seed is built once and shared by all methods.
 
 from __future__ import annotations
 
+import functools
+
 import copy
 import dataclasses
 import json
@@ -21,7 +23,7 @@ from ..data.collate import decode_stream_if_small
 from ..engine import ContinualTrainer, StreamResult, make_accelerator
 from ..engine.checkpoint import check_resume, run_fingerprint
 from .feature_cache import FeatureCollator, backbone_throughput, cache_stream_features
-from ..metrics import aggregate_runs, mean_std, summarize
+from ..metrics import aggregate_runs, format_mean_std, mean_std, summarize
 from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
@@ -402,10 +404,6 @@ def aggregate_method(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _fmt(stat: dict[str, float] | None, scale: float = 100.0, digits: int = 1) -> str:
-    if not stat:
-        return "—"  # undefined (e.g. FWT in class-IL) or not measured
-    return f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
 
 
 def results_markdown(results: dict) -> str:
@@ -425,14 +423,16 @@ def results_markdown(results: dict) -> str:
     )
     rows = []
     for name, m in results["methods"].items():
-        metrics = " | ".join(_fmt(m.get(k)) for k in METRIC_KEYS[1:] + PROBE_KEYS[:2])
-        speed = f"{_fmt(m['train_samples_per_s'], 1, 0)} | {_fmt(m['infer_samples_per_s'], 1, 0)}"
+        n = len(m.get("per_seed") or []) or None
+        fmt = functools.partial(format_mean_std, n=n)  # "—": undefined (e.g. FWT in class-IL) or not measured
+        metrics = " | ".join(fmt(m.get(k)) for k in METRIC_KEYS[1:] + PROBE_KEYS[:2])
+        speed = f"{fmt(m['train_samples_per_s'], scale=1, digits=0)} | {fmt(m['infer_samples_per_s'], scale=1, digits=0)}"
         label = f"{name}{'*' if m.get('features_cached') else ''}{edge_mark(m)}{seeds_mark(m, len(results['seeds']))}"
-        rows.append(f"| {label} | {_fmt(m.get('A_T'))} | {se_cell(m, results.get('test_size'))} | {metrics} | "
+        rows.append(f"| {label} | {fmt(m.get('A_T'))} | {se_cell(m, results.get('test_size'))} | {metrics} | "
                     f"{m['trainable_pct']:.2f} | {speed} | {m['peak_mem_mb']:.0f} |")
     bare = results.get("reference", {}).get("bare_backbone", {})
     if bare:
-        speed = f"{_fmt(bare.get('train_samples_per_s'), 1, 0)} | {_fmt(bare.get('infer_samples_per_s'), 1, 0)}"
+        speed = f"{format_mean_std(bare.get('train_samples_per_s'), scale=1, digits=0)} | {format_mean_std(bare.get('infer_samples_per_s'), scale=1, digits=0)}"
         rows.append(f"| *bare backbone (fwd+bwd / fwd)* | | | | | | | | | | 100.00 | {speed} | |")
     return (head + "\n".join(rows) + "\n" + verdicts_markdown(results) + floor_markdown(results)
             + routing_markdown(results))
@@ -464,7 +464,7 @@ def floor_markdown(results: dict) -> str:
              "are the backbone's: a growing label space alone costs this much). A method's deep F above the floor "
              "is what its training cost the features; paired per seed.", "",
              "| method | deep F | deep F − floor |", "|---|---|---|"]
-    lines += [f"| {m} | {_fmt(r.get('deep_forgetting'))} | {paired_cell(r['deep_forgetting_above_floor'])} |"
+    lines += [f"| {m} | {format_mean_std(r.get('deep_forgetting'), n=len(r.get('per_seed') or []) or None)} | {paired_cell(r['deep_forgetting_above_floor'])} |"
               for m, r in rows.items() if m != floor["method"]]
     other = [m for m, r in results["methods"].items() if r.get("deep_forgetting") and m not in rows and m != floor["method"]]
     if other:
@@ -482,7 +482,7 @@ def routing_markdown(results: dict) -> str:
              "uniform pooling, 0 = one token; same top token: share of inputs whose top-weighted token is the "
              "prompt's most frequent one, 1 = a fixed copy whatever the input):", "",
              "| method | entropy / log L | top weight | same top token |", "|---|---|---|---|"]
-    lines += [f"| {name} | " + " | ".join(_fmt(m[k], 1, 2) for k in ROUTING_KEYS) + " |" for name, m in routed.items()]
+    lines += [f"| {name} | " + " | ".join(format_mean_std(m[k], scale=1, digits=2) for k in ROUTING_KEYS) + " |" for name, m in routed.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -42,7 +42,7 @@ from ..data.streams import Experience, validation_stream
 from ..engine import ContinualTrainer, make_accelerator
 from ..heads import RandomProjectionRidgeHead, StreamingLDAHead
 from ..metrics import mean_std
-from ..metrics.aggregate import paired_difference
+from ..metrics.aggregate import format_mean_std, paired_difference
 from ..model import CLModel, get_cl_model
 from .feature_cache import FeatureCollator, cache_stream_features
 from .grid_search import MAX_EXTENSIONS, search
@@ -416,9 +416,7 @@ def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
 
 
 def _pct(stat: dict[str, float] | None, one_seed: bool) -> str:
-    if not stat:
-        return "—"
-    return f"{stat['mean'] * 100:.1f}" + (" (one seed)" if one_seed else f" ± {stat['std'] * 100:.1f}")
+    return format_mean_std(stat, n=1 if one_seed else None)
 
 
 def _knob(row: dict, readout: str) -> str:

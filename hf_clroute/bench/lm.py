@@ -53,7 +53,7 @@ from ..data import CausalLMCollator, load_text_corpus, text_domains
 from ..engine import TrainingConfig, make_accelerator
 from ..baselines.finetune import FfnFinetuneConfig
 from ..methods.apn import ApnConfig, PatchFFN, patch_overlap, usage_per_domain
-from ..metrics import mean_std, perplexity_retention, retention
+from ..metrics import format_mean_std, mean_std, perplexity_retention, retention
 from ..model import get_cl_model
 from ..errors import UserInputError
 from .lr_schedule import EVALUATE_ONLY, LRSchedule, ScheduledTrainer
@@ -411,7 +411,7 @@ def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
 
 # ------------------------------------------------------------------ report
 def _f(stat: dict[str, float], digits: int = 2) -> str:
-    return f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
+    return format_mean_std(stat, scale=1, digits=digits)
 
 
 def results_markdown(results: dict) -> str:

@@ -51,7 +51,7 @@ from torch import nn
 from torch.func import functional_call, hessian
 
 from ..methods.qoa import QoaConfig, QoaLearner, QueryOnlyAttention
-from ..metrics import mean_std
+from ..metrics import format_mean_std, mean_std
 from .flops import count_flops
 from .results import write_run
 from .suites import load_suite, merge_seed_runs
@@ -546,7 +546,7 @@ def write_results(header: dict, runs: dict[str, list[dict[str, Any]]], out: Path
 
 
 def _fmt(stat: dict[str, float] | None, scale: float, digits: int) -> str:
-    return "n/a" if not stat else f"{stat['mean'] * scale:.{digits}f} ± {stat['std'] * scale:.{digits}f}"
+    return format_mean_std(stat, scale=scale, digits=digits, missing="n/a")
 
 
 def results_markdown(results: dict) -> str:

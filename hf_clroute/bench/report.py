@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from ..io import atomic_write_text
-from ..metrics.aggregate import binomial_se
+from ..metrics.aggregate import binomial_se, format_mean_std
 from .reproduction import reproduction_table
 from .speed_report import markdown as speed_markdown
 from .headroom import READOUTS, mean_of, paired_gain, readout_edge_mark, strongest_readout
@@ -78,8 +78,8 @@ def title(folder: str, suite: str) -> str:
 
 
 def _a_t(row: dict | None) -> str:
-    stat = (row or {}).get("A_T")
-    return f"{stat['mean'] * 100:.1f} ± {stat['std'] * 100:.1f}" if stat else "—"
+    row = row or {}
+    return format_mean_std(row.get("A_T"), n=len(row.get("per_seed") or []) or None)
 
 
 def _natural(name: str) -> list:

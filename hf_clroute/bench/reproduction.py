@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import UserInputError
-from ..metrics.aggregate import mean_std, paired_difference
+from ..metrics.aggregate import format_mean_std, mean_std, paired_difference
 
 COMPARES = ("greater", "less", "ratio_at_least", "ratio_at_most", "near")
 CLAIMS_FILE = Path("reproduction") / "claims.json"
@@ -197,7 +197,7 @@ def _cell(text: str) -> str:
 
 
 def _figure(stat: dict | None, digits: int = 2) -> str:
-    return "n/a" if stat is None else f"{stat['mean']:.{digits}f} ± {stat['std']:.{digits}f}"
+    return format_mean_std(stat, scale=1, digits=digits, missing="n/a")
 
 
 def _paired_cell(paired: dict | None, ratio: float | None) -> str:

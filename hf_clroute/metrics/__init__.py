@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hf_clroute.metrics.aggregate import aggregate_runs, mean_std
+from hf_clroute.metrics.aggregate import aggregate_runs, format_mean_std, mean_std
 from hf_clroute.metrics.continual import (
     SCENARIOS,
     SUMMARY_KEYS,
@@ -43,6 +43,7 @@ __all__ = [
     "forgetting",
     "forward_transfer",
     "load_metric",
+    "format_mean_std",
     "mean_std",
     "perplexity_retention",
     "retention",

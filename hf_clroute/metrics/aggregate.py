@@ -46,6 +46,19 @@ def aggregate_runs(runs: Iterable[Mapping[str, float | None]]) -> dict[str, dict
     return {key: mean_std(vals) for key, vals in collected.items()}
 
 
+def format_mean_std(stat: Mapping[str, float] | None, n: int | None = None, scale: float = 100.0,
+                    digits: int = 1, missing: str = "—") -> str:
+    """``stat`` (a :func:`mean_std` dict) as "mean ± std", scaled (100: a fraction as %).
+
+    ``n`` is how many seeds it aggregates, where the caller knows: one seed has no spread, so it
+    reads "mean (one seed)" rather than "± 0.0". ``missing`` stands for an undefined figure.
+    """
+    if not stat:
+        return missing
+    mean = f"{stat['mean'] * scale:.{digits}f}"
+    return f"{mean} (one seed)" if n == 1 else f"{mean} ± {stat['std'] * scale:.{digits}f}"
+
+
 #: a paired verdict needs at least this many seeds; below it the verdict says "too few seeds".
 MIN_PAIRED_SEEDS = 5
 
