@@ -28,6 +28,7 @@ from hf_clroute.metrics import (
     retention,
     summarize,
 )
+from hf_clroute.metrics.aggregate import paired_difference
 
 settings.register_profile("metrics", max_examples=60, deadline=None, database=None)
 settings.load_profile("metrics")
@@ -240,6 +241,14 @@ def test_aggregate_runs_skips_none() -> None:
     assert mean_std([0.3]) == {"mean": 0.3, "std": 0.0}
     with pytest.raises(ValueError, match="at least one"):
         mean_std([])
+
+
+def test_paired_wins_do_not_count_float_rounding_as_a_win() -> None:
+    a = {0: 0.4565, 1: 0.50, 2: 0.40}
+    b = {0: 0.45649999999999996, 1: 0.45, 2: 0.41}  # seed 0: the same score, rounded differently
+    assert paired_difference(a, b, min_seeds=3)["wins"] == 1
+    scaled = paired_difference({k: v * 100 for k, v in a.items()}, {k: v * 100 for k, v in b.items()}, min_seeds=3)
+    assert scaled["wins"] == 1
 
 
 def test_format_mean_std_says_one_seed_instead_of_a_zero_spread() -> None:

@@ -68,7 +68,7 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float], alpha: flo
     """Per-seed paired comparison of ``a`` and ``b`` (``{seed: value}``, e.g. A_T of a method and its control).
 
     Both runs of a seed share its stream, so the difference is taken seed by seed over the seeds both
-    have: ``mean`` and ``std`` (sample) of ``a - b``, ``wins`` (seeds where ``a > b``) of ``n``, the paired
+    have: ``mean`` and ``std`` (sample) of ``a - b``, ``wins`` (seeds where ``a > b``; equal up to float rounding is no win) of ``n``, the paired
     t statistic ``t = mean / (std / sqrt(n))`` and its two-sided ``p`` (Student t, n - 1 degrees of
     freedom), and ``verdict``: "better" / "worse" when ``p < alpha`` with at least ``min_seeds`` seeds,
     "tie" otherwise, "too few seeds" below ``min_seeds``. None when no seed is shared.
@@ -77,6 +77,9 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float], alpha: flo
     if not seeds:
         return None
     diff = np.array([a[s] - b[s] for s in seeds], dtype=np.float64)
+    # Equal scores stored through different arithmetic (0.4565 and 0.45649999999999996, or scaled to %)
+    # are a tie, not a win for whichever rounding came out higher.
+    diff[np.abs(diff) < 1e-9] = 0.0
     n, mean = len(diff), float(diff.mean())
     std = float(diff.std(ddof=1)) if n > 1 else 0.0
     t = p = None
