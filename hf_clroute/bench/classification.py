@@ -7,10 +7,9 @@ backbone; the stream for a seed is built once and shared by all methods.
 
 from __future__ import annotations
 
-import functools
-
 import copy
 import dataclasses
+import functools
 import json
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from ..metrics import aggregate_runs, format_mean_std, mean_std, summarize
 from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
-from .report import edge_mark, se_cell, seeds_mark
+from .report import edge_mark, se_cell, seed_count, seeds_mark
 from .verdicts import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_floor, paired_cell
 from .probes import PROBE_NAME, ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
@@ -404,8 +403,6 @@ def aggregate_method(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-
-
 def results_markdown(results: dict) -> str:
     head = (
         f"# {results['suite']} (seeds {', '.join(map(str, results['seeds']))})\n\n"
@@ -423,8 +420,7 @@ def results_markdown(results: dict) -> str:
     )
     rows = []
     for name, m in results["methods"].items():
-        n = len(m.get("per_seed") or []) or None
-        fmt = functools.partial(format_mean_std, n=n)  # "—": undefined (e.g. FWT in class-IL) or not measured
+        fmt = functools.partial(format_mean_std, n=seed_count(m))  # "—": undefined (e.g. FWT in class-IL) or not measured
         metrics = " | ".join(fmt(m.get(k)) for k in METRIC_KEYS[1:] + PROBE_KEYS[:2])
         speed = f"{fmt(m['train_samples_per_s'], scale=1, digits=0)} | {fmt(m['infer_samples_per_s'], scale=1, digits=0)}"
         label = f"{name}{'*' if m.get('features_cached') else ''}{edge_mark(m)}{seeds_mark(m, len(results['seeds']))}"
@@ -464,7 +460,7 @@ def floor_markdown(results: dict) -> str:
              "are the backbone's: a growing label space alone costs this much). A method's deep F above the floor "
              "is what its training cost the features; paired per seed.", "",
              "| method | deep F | deep F − floor |", "|---|---|---|"]
-    lines += [f"| {m} | {format_mean_std(r.get('deep_forgetting'), n=len(r.get('per_seed') or []) or None)} | {paired_cell(r['deep_forgetting_above_floor'])} |"
+    lines += [f"| {m} | {format_mean_std(r.get('deep_forgetting'), n=seed_count(r))} | {paired_cell(r['deep_forgetting_above_floor'])} |"
               for m, r in rows.items() if m != floor["method"]]
     other = [m for m, r in results["methods"].items() if r.get("deep_forgetting") and m not in rows and m != floor["method"]]
     if other:

@@ -77,9 +77,13 @@ def title(folder: str, suite: str) -> str:
     return suite if folder == suite else f"{folder} (suite {suite})"
 
 
+def seed_count(row: dict | None) -> int | None:
+    """How many seeds a results row aggregates (None for rows written before per-seed rows were kept)."""
+    return len((row or {}).get("per_seed") or []) or None
+
+
 def _a_t(row: dict | None) -> str:
-    row = row or {}
-    return format_mean_std(row.get("A_T"), n=len(row.get("per_seed") or []) or None)
+    return format_mean_std((row or {}).get("A_T"), n=seed_count(row))
 
 
 def _natural(name: str) -> list:
@@ -147,7 +151,7 @@ def table_seeds(rows: dict[str, dict]) -> int:
 def seeds_mark(row: dict | None, table_seeds: int) -> str:
     """`` (3 of 5 seeds)`` for a row that ran on fewer of its table's seeds (a row that did not fit the
     compute); empty for a full row, and for rows written before per-seed rows were kept."""
-    ran = len((row or {}).get("per_seed") or []) or table_seeds
+    ran = seed_count(row) or table_seeds
     return f" ({ran} of {table_seeds} seeds)" if ran < table_seeds else ""
 
 
