@@ -14,6 +14,12 @@
 #   scripts/main_tables.sh merge <suite>             join the groups and rebuild BENCHMARKS.md
 #   scripts/main_tables.sh all                       everything, two suites side by side
 #   scripts/main_tables.sh add <suite> <dir>...      add bench runs' rows to the committed results/<suite>
+#   scripts/main_tables.sh extend <suite> <precision> <m,..>  the committed table's searches whose picks the
+#                                                    extension limit left on an edge continue (tune --resume reads
+#                                                    the scores recorded in results/<suite>/selection.json; up to
+#                                                    EXTENSIONS=12 in all), then those rows' seeds re-run with the
+#                                                    new picks and replace theirs. precision: the setting the rows
+#                                                    ran with (their results.json; none recorded = fp32)
 #   scripts/main_tables.sh mars-extended <suite>      MaRS's rows re-run by `mars_ablations.sh extend` into the table
 #   scripts/main_tables.sh mars <suite>              MaRS's rows as issue 32 left them (mars-paper re-run)
 #   scripts/main_tables.sh room                      RwF against its paper's baselines on split-mnist-r
@@ -127,6 +133,15 @@ add() {  # suite run-dir...: rows added to (or, for the same method and seeds, r
   local suite=$1; shift
   "$BIN/hf-clroute" merge --out "results/$suite" "results/$suite" "$@"
   "$BIN/hf-clroute" report
+}
+
+extend() {  # suite precision methods
+  local out=results/$1.parts/extended-${3//,/-}
+  "$BIN/hf-clroute" tune --suite "$1" --methods "$3" --seed 0 --out "$out" --no-progress \
+      --resume "results/$1/selection.json" --max-extensions "${EXTENSIONS:-12}" --precision "$2"
+  "$BIN/hf-clroute" bench --suite "$1" --methods "$3" --seeds "$SEEDS" --out "$out" \
+      --selection "$out/selection.json" --no-progress --precision "$2"
+  add "$1" "$out"
 }
 
 mars-extended() {  # suite: the mars rows (and the control) whose searches `mars_ablations.sh extend` continued
