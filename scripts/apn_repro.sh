@@ -5,13 +5,16 @@
 # per-patch encoders and a long balance horizon, each needing its own run on A).
 #   scripts/apn_repro.sh            seeds 0,1,2 (SEEDS= a subset), one job per seed, then merged
 #   scripts/apn_repro.sh merge      merge the per-seed runs and write the paired comparisons
-# Output: results/apn-shakespeare-kjv (results.json, results.md, paired.json).
+#   SUITE=charlm-shakespeare-kjv-long scripts/apn_repro.sh   the same, trained ten times longer on A and on B
+# Output: results/apn-shakespeare-kjv (results.json, results.md, paired.json); results/apn-<suite less
+# its charlm- prefix> for another SUITE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
 export OMP_NUM_THREADS=1 HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1
-runs=results/apn-shakespeare-kjv-runs
-out=results/apn-shakespeare-kjv
+SUITE=${SUITE:-charlm-shakespeare-kjv}
+out=results/apn-${SUITE#charlm-}
+runs=$out-runs
 methods=dense-all,dense-ffn,apn-all,apn-ffn,apn-frozen-routing-all
 [ "${LOCALITY:-0}" = 1 ] && methods=$methods,apn-per-patch-all,apn-lb-horizon-all
 merge() {
@@ -23,7 +26,7 @@ merge() {
 }
 if [ "${1:-}" = merge ]; then merge; exit 0; fi
 for seed in ${SEEDS:-0 1 2}; do
-  "$BIN/hf-clroute" bench --suite charlm-shakespeare-kjv --methods "$methods" --seeds "$seed" \
+  "$BIN/hf-clroute" bench --suite "$SUITE" --methods "$methods" --seeds "$seed" \
       --out "$runs/seed$seed" --no-progress
 done
 merge

@@ -109,12 +109,23 @@ def test_phases_must_match_the_domains(tmp_path):
                                                                {"steps": 3, "lr": 0.01}])))
 
 
-def test_the_committed_apn_suite_is_the_issue_setting():
+@pytest.mark.parametrize("name", ["charlm-shakespeare-kjv", "charlm-shakespeare-kjv-long"])
+def test_the_committed_apn_suites_are_the_issue_setting(name):
     from hf_clroute.bench.lm import CharLMSuite, expand_variants
 
-    suite = CharLMSuite.load("charlm-shakespeare-kjv")
+    suite = CharLMSuite.load(name)
     assert suite.domains == ["shakespeare", "kjv"]
     a, b = suite.schedules()
     assert a.warmup_steps > 0 and a.schedule == "cosine" and b.schedule == "cosine"
     assert b.steps < a.steps and b.learning_rate < a.learning_rate  # B: a stated, smaller adaptation budget
     assert {"dense-all", "dense-ffn", "apn-all", "apn-ffn"} <= set(expand_variants(suite.methods))
+
+
+def test_the_long_apn_suite_differs_from_its_base_only_in_training_length():
+    from hf_clroute.bench.lm import CharLMSuite
+
+    base, long = CharLMSuite.load("charlm-shakespeare-kjv"), CharLMSuite.load("charlm-shakespeare-kjv-long")
+    (a, b), (long_a, long_b) = base.schedules(), long.schedules()
+    assert long_a.steps == 10 * a.steps and long_b.steps == 10 * b.steps  # B keeps A's ratio
+    assert (long_a.learning_rate, long_b.learning_rate) == (a.learning_rate, b.learning_rate)
+    assert (long.domains, long.methods, long.training) == (base.domains, base.methods, base.training)
