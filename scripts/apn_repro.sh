@@ -20,7 +20,7 @@ methods=dense-all,dense-ffn,apn-all,apn-ffn,apn-frozen-routing-all
 merge() {
   "$BIN/hf-clroute" merge --out "$out" "$runs"/seed*
   # Paired (per-seed) differences: APN's retention and adaptation against dense's, per adaptation scope.
-  "$BIN/python" scripts/paired_rows.py "$out/results.json" "$out/paired.json" \
+  "$BIN/python" scripts/paired_rows.py "$out" --out "$out/paired.json" \
       retention:apn-all/dense-all retention:apn-ffn/dense-ffn retention:apn-frozen-routing-all/dense-all \
       adaptation:apn-all/dense-all adaptation:apn-ffn/dense-ffn
 }

@@ -1,10 +1,13 @@
-"""Per-seed paired differences of A_T between rows of one committed table, for comparisons that the
-table's own verdicts (each row against its control and the best statistics head) do not make.
+"""Per-seed paired differences between rows of one committed table, for comparisons that the table's own
+verdicts (each row against its control and the best statistics head) do not make.
 
     python scripts/paired_rows.py results/split-mnist er:mars rwf:l2p --out results/paired/split-mnist.json
+    python scripts/paired_rows.py results/apn-shakespeare-kjv retention:apn-all/dense-all --out ...
 
-Prints one line per pair (mean ± std of a − b in points, the seeds where a is higher, the paired t's p
-and the verdict, the same rule as the tables') and writes them as JSON.
+A pair is ``a:b`` (A_T, printed in points) or ``METRIC:a/b`` (any per-seed field: a number, or the first
+element of a list such as the char-LM runner's ``adaptation``). Prints one line per pair (mean ± std of
+a − b, the seeds where a is higher, the paired t's p and the verdict, the same rule as the tables') and
+writes them as JSON with each side's per-seed values.
 """
 
 from __future__ import annotations
@@ -17,29 +20,54 @@ from hf_clroute.io import atomic_write_text
 from hf_clroute.metrics.aggregate import paired_difference
 
 
-def pairs_table(results_dir: Path, pairs: list[str]) -> list[dict]:
-    rows = json.loads((results_dir / "results.json").read_text())["methods"]
+def parse_pair(spec: str) -> tuple[str, str, str]:
+    """``a:b`` -> ("A_T", a, b); ``METRIC:a/b`` -> (METRIC, a, b)."""
+    head, sep, tail = spec.partition(":")
+    if not sep or not head or not tail:
+        raise SystemExit(f"pair {spec!r}: expected a:b or METRIC:a/b")
+    if "/" in tail:
+        a, _, b = tail.partition("/")
+        return head, a, b
+    return "A_T", head, tail
+
+
+def seed_values(row: dict, metric: str, method: str) -> dict[int, float]:
+    values = {}
+    for seed_row in row["per_seed"]:
+        if metric not in seed_row:
+            raise SystemExit(f"row {method!r}, seed {seed_row['seed']}: no field {metric!r}")
+        v = seed_row[metric]
+        values[seed_row["seed"]] = float(v[0] if isinstance(v, list) else v)
+    return values
+
+
+def pairs_table(results: Path, pairs: list[str]) -> list[dict]:
+    path = results if results.suffix == ".json" else results / "results.json"
+    rows = json.loads(path.read_text())["methods"]
     out = []
-    for pair in pairs:
-        a, b = pair.split(":")
+    for spec in pairs:
+        metric, a, b = parse_pair(spec)
         missing = [m for m in (a, b) if m not in rows]
         if missing:
-            raise SystemExit(f"{results_dir}: no row {missing[0]!r} (rows: {', '.join(sorted(rows))})")
-        seeds = [{r["seed"]: r["A_T"] for r in rows[m]["per_seed"]} for m in (a, b)]
-        out.append({"a": a, "b": b, **paired_difference(*seeds)})
+            raise SystemExit(f"{results}: no row {missing[0]!r} (rows: {', '.join(sorted(rows))})")
+        values = [seed_values(rows[m], metric, m) for m in (a, b)]
+        out.append({"a": a, "b": b, "metric": metric, **paired_difference(*values),
+                    "a_per_seed": values[0], "b_per_seed": values[1]})
     return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("results", type=Path, help="a results folder with results.json")
-    parser.add_argument("pairs", nargs="+", help="a:b, the rows to compare (a − b)")
+    parser.add_argument("results", type=Path, help="a results folder with results.json (or that file)")
+    parser.add_argument("pairs", nargs="+", help="a:b (A_T) or METRIC:a/b, the rows to compare (a − b)")
     parser.add_argument("--out", type=Path, help="where to write the JSON")
     args = parser.parse_args()
     table = pairs_table(args.results, args.pairs)
     for d in table:
-        print(f"{d['a']} − {d['b']}: {d['mean'] * 100:+.1f} ± {d['std'] * 100:.1f} "
-              f"({d['wins']} of {d['n']}, p {d['p']:.2g}): {d['verdict']}")
+        scale, unit = (100, "") if d["metric"] == "A_T" else (1, f" {d['metric']}")
+        p = "n/a" if d["p"] is None else f"{d['p']:.2g}"
+        print(f"{d['a']} − {d['b']}{unit}: {d['mean'] * scale:+.3g} ± {d['std'] * scale:.2g} "
+              f"({d['wins']} of {d['n']}, p {p}): {d['verdict']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.out, json.dumps({"results": str(args.results), "pairs": table}, indent=2) + "\n")

@@ -13,7 +13,7 @@ runs=results/qoa-plasticity-runs
 out=results/qoa-plasticity
 merge() {
   "$BIN/hf-clroute" merge --out "$out" "$runs"/seed*
-  "$BIN/python" scripts/paired_rows.py "$out/results.json" "$out/paired.json" \
+  "$BIN/python" scripts/paired_rows.py "$out" --out "$out/paired.json" \
       last_window:qoa/backprop last_window:qoa/cbp plasticity_drop:qoa/backprop plasticity_drop:cbp/backprop \
       erank_last:qoa/backprop
 }

@@ -22,3 +22,21 @@ def test_a_pair_matches_the_verdict_the_table_records_and_an_unknown_row_is_name
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(REPO / "results" / "split-mnist"),
                            "rwf:nope"], cwd=REPO, capture_output=True, text=True)
     assert done.returncode != 0 and "no row 'nope'" in done.stderr
+
+
+def test_a_metric_pair_reads_that_field_of_each_seed_as_the_lm_and_plasticity_scripts_call_it(tmp_path):
+    # scripts/apn_repro.sh and qoa_plasticity.sh call `paired_rows.py DIR --out F METRIC:a/b ...`
+    out = tmp_path / "paired.json"
+    results = REPO / "results" / "apn-shakespeare-kjv"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(results), "--out", str(out),
+                    "retention:apn-all/dense-all"], check=True, cwd=REPO)
+    (retention,) = json.loads(out.read_text())["pairs"]
+    rows = json.loads((results / "results.json").read_text())["methods"]
+    for side, method in (("a_per_seed", "apn-all"), ("b_per_seed", "dense-all")):
+        assert retention[side] == {str(r["seed"]): r["retention"] for r in rows[method]["per_seed"]}
+    diffs = [r["retention"] for r in rows["apn-all"]["per_seed"]]
+    diffs = [a - b["retention"] for a, b in zip(diffs, rows["dense-all"]["per_seed"])]
+    assert retention["metric"] == "retention" and retention["mean"] == pytest.approx(sum(diffs) / len(diffs))
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(results), "dense-all:apn-all"],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode != 0 and "no field 'A_T'" in done.stderr  # a:b is A_T, which LM rows do not have
