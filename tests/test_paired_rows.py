@@ -34,8 +34,7 @@ def test_a_metric_pair_reads_that_field_of_each_seed_as_the_lm_and_plasticity_sc
     rows = json.loads((results / "results.json").read_text())["methods"]
     for side, method in (("a_per_seed", "apn-all"), ("b_per_seed", "dense-all")):
         assert retention[side] == {str(r["seed"]): r["retention"] for r in rows[method]["per_seed"]}
-    diffs = [r["retention"] for r in rows["apn-all"]["per_seed"]]
-    diffs = [a - b["retention"] for a, b in zip(diffs, rows["dense-all"]["per_seed"])]
+    diffs = [a["retention"] - b["retention"] for a, b in zip(rows["apn-all"]["per_seed"], rows["dense-all"]["per_seed"])]
     assert retention["metric"] == "retention" and retention["mean"] == pytest.approx(sum(diffs) / len(diffs))
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(results), "dense-all:apn-all"],
                           cwd=REPO, capture_output=True, text=True)
