@@ -6,6 +6,8 @@
 #   scripts/apn_repro.sh            seeds 0,1,2 (SEEDS= a subset), one job per seed, then merged
 #   scripts/apn_repro.sh merge      merge the per-seed runs and write the paired comparisons
 #   SUITE=charlm-shakespeare-kjv-long scripts/apn_repro.sh   the same, trained ten times longer on A and on B
+#   METHODS=apn-lb-horizon-all scripts/apn_repro.sh   only these rows, into seed<n>-<methods> beside the others
+#                                   (the merge joins every seed* run; the same seed's rows share its stream)
 # Output: results/apn-shakespeare-kjv (results.json, results.md, paired.json); results/apn-<suite less
 # its charlm- prefix> for another SUITE.
 set -euo pipefail
@@ -17,16 +19,24 @@ out=results/apn-${SUITE#charlm-}
 runs=$out-runs
 methods=dense-all,dense-ffn,apn-all,apn-ffn,apn-frozen-routing-all
 [ "${LOCALITY:-0}" = 1 ] && methods=$methods,apn-per-patch-all,apn-lb-horizon-all
+methods=${METHODS:-$methods}
 merge() {
   "$BIN/hf-clroute" merge --out "$out" "$runs"/seed*
   # Paired (per-seed) differences: APN's retention and adaptation against dense's, per adaptation scope.
   "$BIN/python" scripts/paired_rows.py "$out" --out "$out/paired.json" \
       retention:apn-all/dense-all retention:apn-ffn/dense-ffn retention:apn-frozen-routing-all/dense-all \
-      adaptation:apn-all/dense-all adaptation:apn-ffn/dense-ffn
+      adaptation:apn-all/dense-all adaptation:apn-ffn/dense-ffn $(locality_pairs)
+}
+locality_pairs() {  # the locality options' retention against dense's, for those the runs hold
+  local m
+  for m in apn-per-patch-all apn-lb-horizon-all; do
+    grep -qs "\"$m\"" "$runs"/seed*/results.json && echo "retention:$m/dense-all retention:$m/apn-all"
+  done
+  return 0
 }
 if [ "${1:-}" = merge ]; then merge; exit 0; fi
 for seed in ${SEEDS:-0 1 2}; do
   "$BIN/hf-clroute" bench --suite "$SUITE" --methods "$methods" --seeds "$seed" \
-      --out "$runs/seed$seed" --no-progress
+      --out "$runs/seed$seed${METHODS:+-${METHODS//,/-}}" --no-progress
 done
 merge

@@ -140,6 +140,22 @@ def test_results_markdown_shows_se_edge_marks_and_paired_verdicts():
     assert "± 0.0" not in table.split("Paired verdicts")[0]  # one seed has no spread to show
 
 
+def test_edge_marks_judge_a_recorded_search_by_the_current_rule():
+    from hf_clroute.bench.report import edge_mark
+
+    lr, k = "training.learning_rate", "config.k"
+    grid = [{lr: r, k: v} for r in (3e-4, 1e-3, 3e-3) for v in (1, 2, 4)]
+    moved = {lr: 9e-3, k: 2}  # an extension took the pick off the grid; k's neighbours never ran at 9e-3
+    record = {"grid": grid, "extensions": [{"point": moved, "axis": lr, "side": "high"},
+                                           {"point": {lr: 2.7e-2, k: 2}, "axis": lr, "side": "high"}],
+              "pick_point": moved, "edge": False}  # the flag an earlier rule recorded
+    assert edge_mark({"selection": record}) == "†"
+    checked = [{"point": {lr: 9e-3, k: v}, "axis": k, "side": s, "check": True} for v, s in ((1, "low"), (4, "high"))]
+    assert edge_mark({"selection": {**record, "extensions": record["extensions"] + checked}}) == ""
+    # A row that recorded only its flag keeps it.
+    assert edge_mark({"selection": {"pick": {}, "edge": True}}) == "†" and edge_mark({"selection": {"edge": False}}) == ""
+
+
 def test_the_best_statistics_head_is_chosen_on_validation_never_on_test():
     from hf_clroute.bench.verdicts import best_statistics_head, comparisons
 

@@ -14,7 +14,7 @@ import pytest
 
 from hf_clroute.bench import tune as tuning
 from hf_clroute.bench.settings import CONFIG_ROOT, registered_method
-from hf_clroute.bench.grid_search import MAX_EXTENSIONS, search, step_past
+from hf_clroute.bench.grid_search import MAX_EXTENSIONS, recorded_flags, search, step_past
 from hf_clroute.bench.tune import BUDGET, LEARNING_RATES, search_grid, selected
 
 LR = "training.learning_rate"
@@ -79,14 +79,36 @@ def test_a_method_without_knobs_searches_weight_decay_and_explicit_points_are_re
         search_grid("both", trains=True)
 
 
-def test_a_pick_on_the_top_edge_extends_until_it_is_interior():
+def test_a_pick_on_the_top_edge_extends_until_it_is_interior_then_checks_its_other_axes():
     grid = [{LR: lr, "config.k": k} for lr in (3e-4, 1e-3, 3e-3) for k in (1, 2, 4, 8)]
-    record = search(grid, _score_peaked_at(**{LR: 2.7e-2, "config.k": 2}), _always_valid)
-    # 3e-3 is the top: 9e-3 is better, then 2.7e-2, then 8.1e-2 is worse: the pick is interior.
-    assert [e["point"][LR] for e in record["extensions"]] == [9e-3, 2.7e-2, 8.1e-2]
-    assert all(e["axis"] == LR and e["side"] == "high" and e["point"]["config.k"] == 2 for e in record["extensions"])
+    record = search(grid, _score_peaked_at(**{LR: 2.7e-2, "config.k": 2}), _always_valid, max_extensions=5)
+    # 3e-3 is the top: 9e-3 is better, then 2.7e-2, then 8.1e-2 is worse: interior on the learning rate.
+    assert [e["point"][LR] for e in record["extensions"][:3]] == [9e-3, 2.7e-2, 8.1e-2]
+    assert all(e["axis"] == LR and e["side"] == "high" and e["point"]["config.k"] == 2 for e in record["extensions"][:3])
+    # k = 2 was only run at the grid's rates: its neighbours 1 and 4 run at 2.7e-2 (checks), and lose.
+    assert [(e["point"], e.get("check")) for e in record["extensions"][3:]] == [
+        ({LR: 2.7e-2, "config.k": 1}, True), ({LR: 2.7e-2, "config.k": 4}, True)]
     assert record["pick_point"] == {LR: 2.7e-2, "config.k": 2} and record["edge"] is False
     assert record["edge_axes"] == [] and len(record["validation_A_T"]) == len(grid)
+    # With the default three runs the checks never run, and the pick says so.
+    short = search(grid, _score_peaked_at(**{LR: 2.7e-2, "config.k": 2}), _always_valid)
+    assert short["pick_point"] == {LR: 2.7e-2, "config.k": 2} and short["edge"] is True
+    assert short["edge_axes"] == [{"axis": "config.k", "side": side, "reason": "neighbour not run: extensions used up"}
+                                  for side in ("low", "high")]
+    assert recorded_flags(short) == {"edge": True, "edge_axes": short["edge_axes"]}
+    assert recorded_flags(record) == {"edge": False, "edge_axes": []}
+
+
+def test_a_check_that_beats_an_extended_pick_moves_it():
+    # The grid's best k (8) at the top rate; the rate extends to 9e-3, where k = 4 is best: the check of
+    # k's lower neighbour at 9e-3 finds it, and the search goes on from there.
+    def score(p):
+        rate = {3e-4: 0.1, 1e-3: 0.2, 3e-3: 0.3, 9e-3: 0.4}.get(p[LR], 0.0)
+        return rate + (0.2 * (p["config.k"] == 4) if p[LR] == 9e-3 else 0.05 * (p["config.k"] == 8))
+    grid = [{LR: lr, "config.k": k} for lr in (3e-4, 1e-3, 3e-3) for k in (1, 2, 4, 8)]
+    record = search(grid, score, _always_valid, max_extensions=12)
+    assert {LR: 9e-3, "config.k": 8} in [e["point"] for e in record["extensions"]]
+    assert record["pick_point"] == {LR: 9e-3, "config.k": 4} and record["edge"] is False
 
 
 def test_a_pick_still_on_an_edge_after_the_extensions_is_flagged():
@@ -95,7 +117,8 @@ def test_a_pick_still_on_an_edge_after_the_extensions_is_flagged():
     assert [e["point"][LR] for e in record["extensions"]] == [9e-5, 2.7e-5, 8.1e-6]
     assert len(record["extensions"]) == MAX_EXTENSIONS
     assert record["edge"] is True
-    assert record["edge_axes"] == [{"axis": LR, "side": "low", "reason": "extensions used up"}]
+    assert record["edge_axes"] == [{"axis": LR, "side": "low", "reason": "extensions used up"}] + [
+        {"axis": "config.k", "side": side, "reason": "neighbour not run: extensions used up"} for side in ("low", "high")]
 
 
 def test_an_edge_that_cannot_extend_is_flagged_as_the_end_of_its_range():

@@ -26,7 +26,7 @@ from ..metrics import aggregate_runs, format_mean_std, mean_std, summarize
 from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
-from .report import edge_mark, se_cell, seed_count, seeds_mark
+from .report import EDGE_NOTE, edge_mark, se_cell, seed_count, seeds_mark
 from .verdicts import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_floor, paired_cell
 from .probes import PROBE_NAME, ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
@@ -355,6 +355,15 @@ def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (), 
     return merged
 
 
+def rewrite_markdown(results_root: Path) -> None:
+    """Every classification table's ``results.md`` under ``results_root`` written again from its results.json,
+    so its marks (an edge pick, a short row) follow today's rules (``hf-clroute report`` calls this)."""
+    for path in sorted(results_root.glob("*/results.json")):
+        results = json.loads(path.read_text())
+        if "reference" in results:
+            atomic_write_text(path.parent / "results.md", results_markdown(results))
+
+
 def merge_selections(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (),
                      rename: dict[str, str] | None = None) -> None:
     """The runs' ``selection.json`` files (from ``hf-clroute tune``) joined into ``out/selection.json``,
@@ -412,8 +421,8 @@ def results_markdown(results: dict) -> str:
         "Deep F: forgetting of a linear probe over all classes seen so far, on the features the method "
         "classifies from (the head's own forgetting is −BWT); probe A_T: that probe's final average accuracy.\n\n"
         "SE: the test-sampling standard error of A_T (binomial, sqrt(p (1 - p) / N_test) on the fixed test set "
-        f"of {results.get('test_size') or 'n/a'} examples). † : the pick is still on the edge of its search grid "
-        "after extension (selection.json). A row run on fewer seeds than the table's says how many.\n\n"
+        f"of {results.get('test_size') or 'n/a'} examples). † : {EDGE_NOTE} A row run on fewer seeds than the "
+        "table's says how many.\n\n"
         "| method | A_T | SE | F_T | Ā | BWT | FWT | A_AUC | deep F | probe A_T | trainable % | train/s | infer/s "
         "| peak MB |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"

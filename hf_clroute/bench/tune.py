@@ -8,14 +8,17 @@ One search rule for every method, so no method wins by a larger search:
   knobs of its own (``"search"`` in its settings file); one with no knob of its own
   searches the weight decays ``WEIGHT_DECAYS``. A method with nothing to train searches
   12 points of its own knobs; one with no knob at all (NCM) has one configuration.
-* **Edges extend.** A numeric pick on the edge of its axis (the learning rate, or a
-  knob such as ``k`` or ``head_options.ridge_lambda``) extends that axis one geometric
-  step past the edge (the ratio of the edge to its neighbour; the other axes at the
-  pick) and runs it; repeated up to ``MAX_EXTENSIONS`` (3) runs per method. A pick still
-  on an edge after that, or at the end of its axis's valid range, is flagged
-  (``"edge": true`` and which axis); the tables mark it. Such a pick is not a pick: ``resume``
+* **Edges extend, neighbours are checked.** A numeric pick on the edge of its axis (the
+  learning rate, or a knob such as ``k`` or ``head_options.ridge_lambda``) extends that axis
+  one geometric step past the edge (the ratio of the edge to its neighbour; the other axes at
+  the pick) and runs it. A pick whose neighbour on an axis (the nearest value tried on either
+  side) never ran at the pick's other values, as after an extension moved it off the grid's
+  lines, runs that neighbour (a *check*). Up to ``MAX_EXTENSIONS`` (3) such runs per method
+  (:mod:`hf_clroute.bench.grid_search`). A pick still on an edge or with an unrun neighbour
+  after that, or at the end of its axis's valid range, is flagged (``"edge": true`` and which
+  axis); the tables mark it. Such a pick is not a pick: ``resume``
   (``--resume``) continues that search with a higher ``max_extensions``, reading the scores
-  the earlier search recorded instead of training them again, so only the new extensions
+  the earlier search recorded instead of training them again, so only the new runs
   train (the recorded scores stand as they were measured; a re-run under later code can
   differ by a point on a seed). Every method gets the same rule; the limit
   each search ran under is recorded with it.
