@@ -200,7 +200,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .bench.classification import rewrite_markdown
+    from .bench.runners import rewrite_markdown
     from .bench.report import write_benchmarks
 
     rewrite_markdown(Path(args.results))  # each table's results.md under today's marks, before the page reads it

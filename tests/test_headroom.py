@@ -241,6 +241,7 @@ def test_an_edge_pick_extends_its_axis_by_tunes_rule(headroom_file, monkeypatch,
     assert record["pick"] == pick and model.trained == (pick["learning_rate"], pick["epochs"])
     assert [e["axis"] for e in record["extensions"]] == ["learning_rate", "epochs"]
     assert record["edge"] is edge and len(record["grid"]) == 4 + 2
+    assert headroom_module.adapter_edge({**record, "edge": None}) is edge  # the table reads the same from the points
     assert not model.weight.requires_grad and not model.training
     with pytest.raises(ValueError, match="max_extensions"):
         HeadroomSuite(name="x", runner="headroom", suite="split-mnist", adapters=["lora"], max_extensions=-1)

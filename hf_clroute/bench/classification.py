@@ -355,15 +355,6 @@ def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (), 
     return merged
 
 
-def rewrite_markdown(results_root: Path) -> None:
-    """Every classification table's ``results.md`` under ``results_root`` written again from its results.json,
-    so its marks (an edge pick, a short row) follow today's rules (``hf-clroute report`` calls this)."""
-    for path in sorted(results_root.glob("*/results.json")):
-        results = json.loads(path.read_text())
-        if "reference" in results:
-            atomic_write_text(path.parent / "results.md", results_markdown(results))
-
-
 def merge_selections(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (),
                      rename: dict[str, str] | None = None) -> None:
     """The runs' ``selection.json`` files (from ``hf-clroute tune``) joined into ``out/selection.json``,

@@ -45,7 +45,7 @@ from ..metrics import mean_std
 from ..metrics.aggregate import format_mean_std, paired_difference
 from ..model import CLModel, get_cl_model
 from .feature_cache import FeatureCollator, cache_stream_features
-from .grid_search import MAX_EXTENSIONS, search
+from .grid_search import MAX_EXTENSIONS, flags, search
 from .probes import PROBE_MAX_ITER, fit_logistic, model_features
 from .results import markdown_table, write_run
 from .settings import method_search, resolve_run
@@ -399,6 +399,14 @@ def readout_edge_mark(results: dict, adapter: str, readout: str) -> str:
     return "†" if any(r["readouts"][readout].get(k) for r in rows for k in ("edge", "frozen_edge")) else ""
 
 
+def adapter_edge(row: dict) -> bool:
+    """Whether an adapter's pick (one seed's row) is flagged by today's search rule, judged from the points it
+    recorded (:func:`~hf_clroute.bench.grid_search.flags`); a row without them keeps its recorded flag."""
+    if not row.get("grid"):
+        return bool(row.get("edge"))
+    return flags([{k: v for k, v in p.items() if k != "validation"} for p in row["grid"]], row["pick"])["edge"]
+
+
 def aggregate_adapter(rows: list[dict]) -> dict[str, Any]:
     rows = sorted(rows, key=lambda r: r["seed"])
     summary = {r: {k: mean_std([row["readouts"][r][k] for row in rows]) for k in ("frozen", "adapted", "gain")}
@@ -440,7 +448,7 @@ def results_markdown(results: dict) -> str:
                                                           "validation score)") + ".", ""]
     rows = []
     for name, m in results["methods"].items():
-        picks = ", ".join(f"{r['pick']['learning_rate']:g}/{r['pick']['epochs']}{'†' if r.get('edge') else ''}"
+        picks = ", ".join(f"{r['pick']['learning_rate']:g}/{r['pick']['epochs']}{'†' if adapter_edge(r) else ''}"
                           for r in m["per_seed"])
         for readout in READOUTS:
             s = m["readouts"][readout]

@@ -56,3 +56,16 @@ def results_kind(run_dir: str | Path) -> str:
         return results["kind"]
     legacy = results.get("config", {}).get("runner", "")  # written before results named their kind
     return "charlm" if "lm" in legacy else "plasticity" if "plasticity" in legacy else "classification"
+
+
+def rewrite_markdown(results_root: Path) -> None:
+    """Every classification and headroom table's ``results.md`` under ``results_root`` written again from its
+    results.json, so its marks (an edge pick, a short row) follow today's rules (``hf-clroute report`` calls
+    this before it strings the tables together)."""
+    from ..io import atomic_write_text
+
+    for path in sorted(results_root.glob("*/results.json")):
+        results = json.loads(path.read_text())
+        kind = "classification" if "reference" in results else results.get("kind")
+        if kind in ("classification", "headroom"):
+            atomic_write_text(path.parent / "results.md", runner_module(kind).results_markdown(results))
