@@ -111,6 +111,20 @@ def test_a_check_that_beats_an_extended_pick_moves_it():
     assert record["pick_point"] == {LR: 9e-3, "config.k": 4} and record["edge"] is False
 
 
+def test_a_resumed_search_starts_from_the_best_point_it_recorded():
+    # An earlier search (another rule) walked k out to 64 at the grid's lowest rate; resumed, the search keeps
+    # that pick and runs only what it lacks: the rate's neighbours at k = 64.
+    grid = [{LR: lr, "config.k": k} for lr in (3e-4, 1e-3, 3e-3) for k in (1, 2, 4, 8)]
+    score = _score_peaked_at(**{LR: 3e-4, "config.k": 64})
+    earlier = [{"point": {LR: 3e-4, "config.k": k}, "validation_A_T": score({LR: 3e-4, "config.k": k}),
+                "axis": "config.k", "side": "high"} for k in (16, 32, 64, 128)]
+    ran = []
+    record = search(grid, lambda p: ran.append(p) or score(p), _always_valid, max_extensions=8, earlier=earlier)
+    assert record["extensions"][:4] == earlier and record["pick_point"] == {LR: 3e-4, "config.k": 64}
+    assert ran[len(grid):] == [{LR: 9e-5, "config.k": 64}, {LR: 1e-3, "config.k": 64}]  # an edge, then a check
+    assert record["edge"] is False
+
+
 def test_a_pick_still_on_an_edge_after_the_extensions_is_flagged():
     grid = [{LR: lr, "config.k": k} for lr in (3e-4, 1e-3, 3e-3) for k in (1, 2, 4, 8)]
     record = search(grid, _score_peaked_at(**{LR: 1e-7, "config.k": 4}), _always_valid)

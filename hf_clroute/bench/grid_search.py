@@ -60,16 +60,20 @@ def step_past(edge: float, neighbour: float) -> float | None:
 
 
 def search(grid: list[Point], score: Callable[[Point], float], valid: Callable[[Point], bool],
-           max_extensions: int | None = None) -> dict[str, Any]:
+           max_extensions: int | None = None, earlier: list[dict[str, Any]] = ()) -> dict[str, Any]:
     """Run ``grid``, then extend edge picks and check their neighbours (see the module docstring); the
     record of ``selection.json``.
 
     ``score`` runs one point (validation A_T); ``valid`` says whether a point is in every field's valid
-    range (an extension outside it is not run: that edge is the end of its axis)."""
+    range (an extension outside it is not run: that edge is the end of its axis). ``earlier``: the extensions
+    an earlier search of the same grid recorded (resumed): they stand as tried, with their scores, and count
+    towards ``max_extensions``, so the search goes on from the best point found so far."""
     limit = MAX_EXTENSIONS if max_extensions is None else max_extensions
     tried = list(grid)
     scores = [score(p) for p in grid]
-    extensions: list[dict[str, Any]] = []
+    extensions = [dict(e) for e in earlier if e["point"] not in tried]
+    tried += [e["point"] for e in extensions]
+    scores += [e["validation_A_T"] for e in extensions]
 
     def best() -> Point:  # ties: the first run, so an extension that only ties never moves the pick
         return tried[max(range(len(tried)), key=lambda i: (scores[i], -i))]

@@ -17,9 +17,9 @@ One search rule for every method, so no method wins by a larger search:
   (:mod:`hf_clroute.bench.grid_search`). A pick still on an edge or with an unrun neighbour
   after that, or at the end of its axis's valid range, is flagged (``"edge": true`` and which
   axis); the tables mark it. Such a pick is not a pick: ``resume``
-  (``--resume``) continues that search with a higher ``max_extensions``, reading the scores
-  the earlier search recorded instead of training them again, so only the new runs
-  train (the recorded scores stand as they were measured; a re-run under later code can
+  (``--resume``) continues that search with a higher ``max_extensions`` from the best point it
+  recorded (its extensions stand, with their scores, and count towards the limit), so only the
+  new runs train (the recorded scores stand as they were measured; a re-run under later code can
   differ by a point on a seed). Every method gets the same rule; the limit
   each search ran under is recorded with it.
 
@@ -135,10 +135,10 @@ def _key(point: Point) -> str:
     return json.dumps(point, sort_keys=True)
 
 
-def recorded_scores(resume: Path, suite: str, method: str, grid: list[Point], seed: int,
-                    precision: str, explicit: bool) -> dict[str, float]:
+def recorded_search(resume: Path, suite: str, method: str, grid: list[Point], seed: int,
+                    precision: str, explicit: bool) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """The validation A_T of every point an earlier search of ``method`` ran (``resume``: its selection.json),
-    by point. Only the same search can be resumed: the same suite, seed, grid and precision setting. A
+    by point, and the extensions it recorded (the resumed search starts from them). Only the same search can be resumed: the same suite, seed, grid and precision setting. A
     record made before tune recorded its setting is resumed only with one given explicitly
     (``explicit``: ``--precision``), the one its runs used; its bench rows' results.json say which."""
     previous = json.loads(Path(resume).read_text())
@@ -160,7 +160,7 @@ def recorded_scores(resume: Path, suite: str, method: str, grid: list[Point], se
                          f"this run's is {precision!r}: resume with --precision {record['precision']}")
     runs = [*zip(record["grid"], record["validation_A_T"]),
             *((e["point"], e["validation_A_T"]) for e in record.get("extensions", []))]
-    return {_key(point): score for point, score in runs}
+    return {_key(point): score for point, score in runs}, record.get("extensions", [])
 
 
 def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, command: str | None = None,
@@ -179,16 +179,16 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
         model = get_cl_model(copy.deepcopy(backbone), config)
         trains, frozen = bool(model.trainable_parameters()), model.reads_frozen_features()
         grid = search_grid(method, trains)
-        known = (recorded_scores(resume, suite.name, method, grid, seed, precision, explicit=source != "default")
-                 if resume else {})
-        plans[method] = (config, trains, frozen, grid, known)
+        known, earlier = (recorded_search(resume, suite.name, method, grid, seed, precision,
+                                          explicit=source != "default") if resume else ({}, []))
+        plans[method] = (config, trains, frozen, grid, known, earlier)
         del model
     stream = decode_stream_if_small(validation_stream(build_stream(suite, seed)), collator)
     cached_stream = None
-    if any(frozen for _, _, frozen, _, _ in plans.values()):
+    if any(frozen for _, _, frozen, _, _, _ in plans.values()):
         cached_stream, _ = cache_stream_features(backbone, stream, collator)
     record: dict[str, Any] = {}
-    for method, (config, trains, frozen, grid, known) in plans.items():
+    for method, (config, trains, frozen, grid, known, earlier) in plans.items():
         reused = []
 
         def score(point: Point) -> float:
@@ -213,11 +213,11 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
                 return False
             return True
 
-        found = search(grid, score, valid, max_extensions)
+        found = search(grid, score, valid, max_extensions, earlier)
         record[method] = {**found, "pick": selected(found["pick_point"], config), "seed": seed, "trains": trains,
                           "metric": "A_T on the validation split", "max_extensions": max_extensions,
                           "precision": precision,
-                          **({"resumed": {"from": str(resume), "runs_read": len(reused)}} if resume else {})}
+                          **({"resumed": {"from": str(resume), "runs_read": len(reused) + sum(e["point"] not in grid for e in earlier)}} if resume else {})}
     selection = {"suite": suite.name, "methods": record, "learning_rates": list(LEARNING_RATES),
                  "weight_decays": list(WEIGHT_DECAYS), "budget": BUDGET, "max_extensions": MAX_EXTENSIONS,
                  "commands": [command] if command else []}
