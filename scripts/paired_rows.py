@@ -66,8 +66,11 @@ def main() -> None:
     for d in table:
         scale, unit = (100, "") if d["metric"] == "A_T" else (1, f" {d['metric']}")
         p = "n/a" if d["p"] is None else f"{d['p']:.2g}"
-        print(f"{d['a']} − {d['b']}{unit}: {d['mean'] * scale:+.3g} ± {d['std'] * scale:.2g} "
-              f"({d['wins']} of {d['n']}, p {p}): {d['verdict']}")
+        if d["n"] == 1:  # one seed has no spread and no test
+            print(f"{d['a']} − {d['b']}{unit}: {d['mean'] * scale:+.3g} (one seed, no test)")
+        else:
+            print(f"{d['a']} − {d['b']}{unit}: {d['mean'] * scale:+.3g} ± {d['std'] * scale:.2g} "
+                  f"({d['wins']} of {d['n']}, p {p}): {d['verdict']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.out, json.dumps({"results": str(args.results), "pairs": table}, indent=2) + "\n")

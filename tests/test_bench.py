@@ -199,6 +199,10 @@ def test_merge_reads_a_suite_field_missing_from_an_older_run_as_its_default():
     trained = {**old, "training": {"batch_size": 10, "learning_rate": 0.001}}
     assert same_suite_config(trained, {**old, "training": {"batch_size": 10}}, SuiteConfig)
     assert not same_suite_config(trained, {**old, "training": {"batch_size": 20, "learning_rate": 0.001}}, SuiteConfig)
+    # runs of different APN variants join; one variant recorded with two settings does not
+    one, other = {**old, "apn_variants": {"apn-a": {"tau": 0.07}}}, {**old, "apn_variants": {"apn-b": {"tau": 0.1}}}
+    assert same_suite_config(one, other) and same_suite_config(one, old)
+    assert not same_suite_config(one, {**old, "apn_variants": {"apn-a": {"tau": 0.5}}})
 
 
 def test_merging_runs_joins_their_selections(tmp_path):

@@ -410,8 +410,9 @@ def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
 
 
 # ------------------------------------------------------------------ report
-def _f(stat: dict[str, float], digits: int = 2) -> str:
-    return format_mean_std(stat, scale=1, digits=digits)
+def _f(stat: dict[str, float], digits: int = 2, n: int | None = None) -> str:
+    """mean ± std; "mean (one seed)" for a row of one seed (``n``), which has no spread to show."""
+    return format_mean_std(stat, scale=1, digits=digits, n=n)
 
 
 def results_markdown(results: dict) -> str:
@@ -446,13 +447,14 @@ def results_markdown(results: dict) -> str:
     ]
     for name, m in results["methods"].items():
         P = [r["ppl_matrix"] for r in m["per_seed"]]
+        n = len(P)
         after_b = mean_std([p[1][0] for p in P])
         final = " / ".join(f"{s['mean']:.2f}" for s in m["final_ppl"])
-        adaptation = " | ".join([_f(s) for s in m["adaptation"][:2]] + ["–"] * (2 - len(m["adaptation"][:2])))
+        adaptation = " | ".join([_f(s, n=n) for s in m["adaptation"][:2]] + ["–"] * (2 - len(m["adaptation"][:2])))
         lines.append(
-            f"| {name} | {_f(m['initial_ppl'])} | {_f(after_b)} | {_f(m['retention'])} | {adaptation} | {final} | "
-            f"{m['params']:,} | {m['ffn_params']:,} | {m['model_flops_per_token']:,} ({m['ffn_flops_per_token']:,}) | "
-            f"{_f(m['train_samples_per_s'], 1)} |"
+            f"| {name} | {_f(m['initial_ppl'], n=n)} | {_f(after_b, n=n)} | {_f(m['retention'], n=n)} | {adaptation} | "
+            f"{final} | {m['params']:,} | {m['ffn_params']:,} | {m['model_flops_per_token']:,} "
+            f"({m['ffn_flops_per_token']:,}) | {_f(m['train_samples_per_s'], 1, n)} |"
         )
     if results.get("throughput_ratio"):
         ratios = ", ".join(f"{k}: {v:.2f}" for k, v in results["throughput_ratio"].items())
@@ -475,8 +477,9 @@ def results_markdown(results: dict) -> str:
                       "averaged over banks): patches holding 80% of its assignments, usage entropy / log K, and the "
                       f"share of its assignments in {domains[0]}'s 80% patches:", "",
                       "| domain | patches (80%) | entropy | share in first domain's patches |", "|---|---|---|---|"]
-            lines += [f"| {domains[t]} | {_f(u['patches_covering'], 1)} | {_f(u['usage_entropy'], 3)} | "
-                      f"{_f(u['share_in_first_cover'], 3)} |" for t, u in enumerate(m["patch_usage_per_domain"])]
+            n = len(m["per_seed"])
+            lines += [f"| {domains[t]} | {_f(u['patches_covering'], 1, n)} | {_f(u['usage_entropy'], 3, n)} | "
+                      f"{_f(u['share_in_first_cover'], 3, n)} |" for t, u in enumerate(m["patch_usage_per_domain"])]
     return "\n".join(lines) + "\n"
 
 
@@ -493,11 +496,11 @@ def summary_table(results: dict, domains: list[str]) -> list[str]:
              "| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for name, m in results["methods"].items():
         P = [r["ppl_matrix"] for r in m["per_seed"]]
-        cells = [_f(mean_std([p[t][0] / p[0][0] for p in P])) for t in range(1, T)]
-        cells += [_f(s) for s in m["adaptation"]]
+        cells = [_f(mean_std([p[t][0] / p[0][0] for p in P]), n=len(P)) for t in range(1, T)]
+        cells += [_f(s, n=len(P)) for s in m["adaptation"]]
         for s, t in pairs:
             seeds = [r["patch_overlap"]["weighted_jaccard"][s][t] for r in m["per_seed"] if "patch_overlap" in r]
-            cells.append(_f(mean_std(seeds), 3) if seeds else "–")
+            cells.append(_f(mean_std(seeds), 3, len(seeds)) if seeds else "–")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 

@@ -281,6 +281,9 @@ def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 #: suite fields that do not change what a run measured: the default method list, the prose, the runner's name.
 NOT_MEASURED = ("methods", "description", "runner")
+#: config fields that describe the methods a run ran, one entry per method: runs of different methods join
+#: (the merged config holds every entry), but an entry two runs both hold must agree
+PER_METHOD_CONFIG = ("apn_variants",)
 #: training values a suite may give as a default that each method overrides anyway: the learning rate is a
 #: method file's, or the pick made on validation, and every row records the one it trained with
 #: (``settings.training``), so a suite file that stopped giving a default rate still merges.
@@ -301,7 +304,13 @@ def same_suite_config(a: dict[str, Any], b: dict[str, Any], suite_class: type | 
             value = {k: v for k, v in value.items() if k not in PER_METHOD_TRAINING}
         return value
 
-    return all(measured(a, k) == measured(b, k) for k in set(a) | set(b) if k not in NOT_MEASURED)
+    def agree(key: str) -> bool:
+        if key not in PER_METHOD_CONFIG:
+            return measured(a, key) == measured(b, key)
+        x, y = a.get(key) or {}, b.get(key) or {}
+        return all(x[m] == y[m] for m in set(x) & set(y))
+
+    return all(agree(k) for k in set(a) | set(b) if k not in NOT_MEASURED)
 
 
 def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[dict, dict, Path], dict],
@@ -329,7 +338,8 @@ def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[di
         "suite": first["suite"],
         "seeds": sorted({seed for by_seed in rows.values() for seed in by_seed}),
         "quick": first["quick"],
-        "config": first["config"],
+        "config": {**first["config"], **{key: {m: v for run in results for m, v in (run["config"].get(key) or {}).items()}
+                                          for key in PER_METHOD_CONFIG if any(run["config"].get(key) for run in results)}},
         "commands": [c for run in results for c in run.get("commands", [])],
     }
     for key in seed_rows:
