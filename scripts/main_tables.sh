@@ -26,7 +26,8 @@
 #                                                    (two jobs at a time)
 #   scripts/main_tables.sh counts [m,..]              wordnet's 40 classes in 5/10/20/40 tasks (wordnet-<n>tasks) with
 #                                                    wordnet's validation picks: RwF, its control, streaming LDA
-#                                                    (SEEDS=...; the 8-task rows are wordnet's own)
+#                                                    (SEEDS=...; COUNTS="5 40" for some task counts; the 8-task rows
+#                                                    are wordnet's own)
 #   scripts/main_tables.sh scarce <group> [m,..]     the same rows at 20% of the data (split-mnist-r-20pct),
 #                                                    with split-mnist-r's picks; then add them to split-mnist-r-20pct
 # Groups: heads (reused picks), cached (methods on cached frozen features), routing, qoa, joint,
@@ -176,7 +177,7 @@ scarce() {  # group: split-mnist-r at 20% of its data, with the picks made on sp
 
 counts() {  # [methods]: the task-count study; each suite's runs land in results/wordnet-<n>tasks.parts/<seeds>
   local n
-  for n in 5 10 20 40; do
+  for n in ${COUNTS:-5 10 20 40}; do
     "$BIN/hf-clroute" bench --suite "wordnet-${n}tasks" --methods "${1:-rwf,rwf-head-only,slda}" --seeds "$SEEDS" \
         --out "results/wordnet-${n}tasks.parts/${1:-rows}-s${SEEDS//,/}" --selection results/wordnet/selection.json --no-progress
   done

@@ -190,12 +190,31 @@ def test_dualprompt_predicts_with_the_best_matching_key_among_the_tasks_started(
     assert index.tolist()[:2] == [0, 1] and index[2].item() in (0, 1)
 
 
-def test_dualprompt_refuses_more_tasks_than_e_prompts():
-    model = get_cl_model(vit(), DualPromptConfig(e_pool_size=1))
-    start_task(model, 0, [0, 1])
-    end_task(model, 0)
-    with pytest.raises(ValueError, match="e_pool_size"):
-        start_task(model, 1, [2, 3])
+def test_dualprompt_refuses_more_tasks_than_e_prompts_before_training():
+    from hf_clroute import ContinualTrainer, TrainingConfig
+    from hf_clroute.data import ImageCollator, class_incremental, load_source
+    from hf_clroute.engine import make_accelerator
+
+    stream = class_incremental(load_source("mnist"), n_tasks=3, seed=0, classes=list(range(6)), train_per_class=2,
+                               test_per_class=2, name="mnist")
+    config = TrainingConfig(batch_size=4, progress=False)
+
+    def trainer(model):
+        return ContinualTrainer(model, stream, config, ImageCollator(16, num_channels=3), make_accelerator(config, cpu=True))
+
+    model = get_cl_model(vit(), DualPromptConfig(e_pool_size=2))
+    with pytest.raises(ValueError, match="e_pool_size is 2.*task count to 3"):
+        trainer(model)  # refused at construction: nothing has trained
+    assert model.method.tasks_done == 0
+    trainer(get_cl_model(vit(), DualPromptConfig(e_pool_size=3)))  # one E-prompt per task fits
+    continued = get_cl_model(vit(), DualPromptConfig(e_pool_size=4))
+    start_task(continued, 0, [0, 1])
+    end_task(continued, 0)  # an adapter that has used one E-prompt: 1 + 3 tasks
+    trainer(continued)
+    start_task(continued, 1, [2, 3])
+    end_task(continued, 1)
+    with pytest.raises(ValueError, match="task count to 5"):
+        trainer(continued)
 
 
 # ---- CODA-Prompt: components, orthogonal new ones, frozen old ones -----------------------------------

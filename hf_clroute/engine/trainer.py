@@ -255,6 +255,7 @@ class ContinualTrainer:
         # An adapter that already knows classes (loaded to continue training) reads the stream by
         # class name: known classes keep their head ids, new ones come after them.
         stream = align_stream(stream, model.config)
+        method.check_stream(len(stream))
         self.model, self.stream, self.config, self.collator = model, stream, config, collator
         self.threads = apply_default_threads()  # before the accelerator: its process count is known by now
         self.accelerator = accelerator or make_accelerator(config)

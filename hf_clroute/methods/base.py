@@ -101,6 +101,10 @@ class ContinualMethod(nn.Module):
     def attach(self, model: "CLModel") -> None:
         """Add this method's modules to ``model`` (the backbone is already frozen if asked)."""
 
+    def check_stream(self, n_tasks: int) -> None:
+        """Refuse, before anything trains, a stream of ``n_tasks`` more experiences than this
+        method can hold (raise ``UserInputError`` naming the config field)."""
+
     # ---- forward ---------------------------------------------------------------
     def forward(self, model: "CLModel", batch: dict[str, torch.Tensor]) -> CLModelOutput:
         """One model call: logits, and when the batch has ``labels`` the loss with its named terms."""

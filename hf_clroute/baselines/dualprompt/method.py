@@ -46,10 +46,14 @@ class DualPrompt(PromptPoolMethod):
         self.e_keys = nn.Parameter(uniform(generator, cfg.e_pool_size, hidden))
         self.injector.install_prefix(model.backbone, model.spec, self.g_layers + self.e_layers)
 
-    def on_task_start(self, model: "CLModel", experience: Any, ctx: StepContext) -> None:
-        if self.tasks_done >= self.config.e_pool_size:
+    def check_stream(self, n_tasks: int) -> None:
+        total = self.tasks_done + n_tasks  # an adapter loaded to continue training has used some already
+        if total > self.config.e_pool_size:
             raise UserInputError(f"DualPromptConfig.e_pool_size is {self.config.e_pool_size}: one E-prompt per task, "
-                                 f"and this is task {self.tasks_done + 1}; raise e_pool_size to the stream's task count")
+                                 f"and this stream brings the task count to {total}; raise e_pool_size to at least "
+                                 f"{total}")
+
+    def on_task_start(self, model: "CLModel", experience: Any, ctx: StepContext) -> None:
         self.tasks_started = self.tasks_done + 1
 
     def choose(self, query: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
