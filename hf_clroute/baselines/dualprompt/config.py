@@ -33,7 +33,7 @@ class DualPromptConfig(PromptPoolConfig):
         metadata={"help": "E-prompts (one per task, each with a key; the paper's 10 = its number of tasks). Training "
                           "task t uses E-prompt t (the task identity is known while training) and pulls its key toward "
                           "the query; prediction picks the E-prompt of the best-matching key among the tasks started. "
-                          "A stream with more tasks is refused."},
+                          "A stream with more tasks is refused before anything trains."},
     )
     current_task_loss: bool = field(
         default=True,
