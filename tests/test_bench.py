@@ -205,6 +205,25 @@ def test_merge_reads_a_suite_field_missing_from_an_older_run_as_its_default():
     assert not same_suite_config(one, {**old, "apn_variants": {"apn-a": {"tau": 0.5}}})
 
 
+def test_runs_join_a_suite_files_per_method_settings_only_where_their_methods_agree():
+    from hf_clroute.bench.suites import check_mergeable, joined_config
+
+    config = {"name": "wordnet-20tasks", "n_tasks": 20}
+    rows = {"suite": "wordnet-20tasks", "config": config, "methods": {"rwf": {}}}  # recorded before the entry
+    pool = {"config": {"e_pool_size": 20}}
+    dualprompt = {"suite": "wordnet-20tasks", "config": {**config, "method_settings": {"dualprompt": pool}},
+                  "methods": {"dualprompt": {}}}
+    check_mergeable([rows, dualprompt])  # RwF's rows did not use DualPrompt's entry
+    assert joined_config([rows, dualprompt])["method_settings"] == {"dualprompt": pool}
+    without = {**dualprompt, "config": config}  # the same method run without the entry: another measurement
+    for runs in ([without, dualprompt], [dualprompt, rows, without]):
+        with pytest.raises(ValueError, match="different suites or suite configs"):
+            check_mergeable(runs)
+    other = {**dualprompt, "config": {**config, "method_settings": {"dualprompt": {"config": {"e_pool_size": 40}}}}}
+    with pytest.raises(ValueError, match="suite configs"):
+        check_mergeable([dualprompt, other])
+
+
 def test_merging_runs_joins_their_selections(tmp_path):
     import json
 

@@ -34,7 +34,7 @@ from .relabel import rename_rows
 from .results import pick_record, write_run
 from .settings import RunSettings, resolve_run
 from .suites import (NOT_MEASURED, SuiteConfig, build_stream, drop_methods, load_selection, load_suite_backbone,
-                     same_suite_config)
+                     check_mergeable, joined_config)
 
 METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
 PROBE_KEYS = ("deep_forgetting", "probe_A_T", "snr_final")
@@ -262,8 +262,10 @@ def merge_previous(path: Path, results: dict) -> dict:
 
 
 def merge_results(previous: dict, results: dict) -> dict:
-    if previous["suite"] != results["suite"] or not same_suite_config(previous["config"], results["config"], SuiteConfig):
-        raise ValueError("cannot merge runs of different suites or suite configs; use another --out or drop --merge")
+    try:
+        check_mergeable([previous, results], SuiteConfig)
+    except ValueError as err:
+        raise ValueError(f"{err}; use another --out or drop --merge") from None
     methods = dict(previous["methods"])
     for name, row in results["methods"].items():
         old_rows = [r for r in methods.get(name, {}).get("per_seed", []) if r["seed"] not in results["seeds"]]
@@ -272,6 +274,7 @@ def merge_results(previous: dict, results: dict) -> dict:
     reference = [r for r in previous.get("reference", {}).get("per_seed", [])] + results["reference"]["per_seed"]
     return with_verdicts({
         **results,
+        "config": joined_config([previous, results]),
         "seeds": sorted(set(previous["seeds"]) | set(results["seeds"])),
         "methods": methods,
         "reference": {"bare_backbone": aggregate_runs([r for r in reference if r]), "per_seed": reference},

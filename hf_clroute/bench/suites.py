@@ -281,19 +281,21 @@ def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
 
 #: suite fields that do not change what a run measured: the default method list, the prose, the runner's name.
 NOT_MEASURED = ("methods", "description", "runner")
-#: config fields that describe the methods a run ran, one entry per method: runs of different methods join
-#: (the merged config holds every entry), but an entry two runs both hold must agree
-PER_METHOD_CONFIG = ("apn_variants",)
+#: config fields that hold one entry per method (APN's variants, a suite file's ``method_settings``): runs of
+#: different methods join and the merged config holds every entry, but an entry must agree between two runs
+#: that both hold it, or that both ran its method (an entry one of them lacks is then a difference)
+PER_METHOD_CONFIG = ("apn_variants", "method_settings")
 #: training values a suite may give as a default that each method overrides anyway: the learning rate is a
 #: method file's, or the pick made on validation, and every row records the one it trained with
 #: (``settings.training``), so a suite file that stopped giving a default rate still merges.
 PER_METHOD_TRAINING = ("learning_rate",)
 
 
-def same_suite_config(a: dict[str, Any], b: dict[str, Any], suite_class: type | None = None) -> bool:
+def same_suite_config(a: dict[str, Any], b: dict[str, Any], suite_class: type | None = None,
+                      both_ran: set[str] | frozenset[str] = frozenset()) -> bool:
     """Whether two runs' recorded suite configs describe the same measurement: equal on every field
     but :data:`NOT_MEASURED`, a field missing from one (recorded before it existed) read as its
-    default in ``suite_class``."""
+    default in ``suite_class``. ``both_ran``: the methods both runs hold rows of."""
     defaults = {} if suite_class is None else {
         f.name: (f.default if f.default is not dataclasses.MISSING else
                  f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
@@ -308,9 +310,27 @@ def same_suite_config(a: dict[str, Any], b: dict[str, Any], suite_class: type | 
         if key not in PER_METHOD_CONFIG:
             return measured(a, key) == measured(b, key)
         x, y = a.get(key) or {}, b.get(key) or {}
-        return all(x[m] == y[m] for m in set(x) & set(y))
+        return all(x.get(m) == y.get(m) for m in (set(x) & set(y)) | set(both_ran))
 
     return all(agree(k) for k in set(a) | set(b) if k not in NOT_MEASURED)
+
+
+def joined_config(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The recorded suite config of several runs that :func:`same_suite_config` accepted: the last run's,
+    with the per-method entries of every run."""
+    joined = {key: {m: v for run in runs for m, v in (run["config"].get(key) or {}).items()}
+              for key in PER_METHOD_CONFIG if any(run["config"].get(key) for run in runs)}
+    return {**runs[-1]["config"], **joined}
+
+
+def check_mergeable(runs: list[dict[str, Any]], suite_class: type | None = None) -> None:
+    """Refuse to join runs of different suites, or of suite configs that measure differently."""
+    for i, run in enumerate(runs):
+        for earlier in runs[:i]:
+            if run["suite"] != earlier["suite"] or not same_suite_config(
+                    earlier["config"], run["config"], suite_class, set(earlier["methods"]) & set(run["methods"])):
+                raise ValueError(f"cannot merge runs of different suites or suite configs "
+                                 f"({earlier['suite']} vs {run['suite']})")
 
 
 def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[dict, dict, Path], dict],
@@ -326,10 +346,9 @@ def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[di
     """
     results = [json.loads((Path(d) / "results.json").read_text()) for d in run_dirs]
     first = results[0]
+    check_mergeable(results)
     rows: dict[str, dict[int, dict[str, Any]]] = {}
     for run in results:
-        if run["suite"] != first["suite"] or not same_suite_config(run["config"], first["config"]):
-            raise ValueError(f"cannot merge runs of different suites or suite configs ({first['suite']} vs {run['suite']})")
         for method, aggregate in run["methods"].items():
             for row in aggregate["per_seed"]:
                 rows.setdefault(method, {})[row["seed"]] = row
@@ -338,8 +357,7 @@ def merge_seed_runs(run_dirs: list[Path], out: Path, write_results: Callable[[di
         "suite": first["suite"],
         "seeds": sorted({seed for by_seed in rows.values() for seed in by_seed}),
         "quick": first["quick"],
-        "config": {**first["config"], **{key: {m: v for run in results for m, v in (run["config"].get(key) or {}).items()}
-                                          for key in PER_METHOD_CONFIG if any(run["config"].get(key) for run in results)}},
+        "config": joined_config(results),
         "commands": [c for run in results for c in run.get("commands", [])],
     }
     for key in seed_rows:
