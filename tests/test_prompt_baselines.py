@@ -190,31 +190,32 @@ def test_dualprompt_predicts_with_the_best_matching_key_among_the_tasks_started(
     assert index.tolist()[:2] == [0, 1] and index[2].item() in (0, 1)
 
 
-def test_dualprompt_refuses_more_tasks_than_e_prompts_before_training():
+def trainer_for(model, n_tasks: int = 3):
+    """A trainer over a real ``n_tasks``-task stream (built, not run: what it refuses, it refuses here)."""
     from hf_clroute import ContinualTrainer, TrainingConfig
     from hf_clroute.data import ImageCollator, class_incremental, load_source
     from hf_clroute.engine import make_accelerator
 
-    stream = class_incremental(load_source("mnist"), n_tasks=3, seed=0, classes=list(range(6)), train_per_class=2,
-                               test_per_class=2, name="mnist")
+    stream = class_incremental(load_source("mnist"), n_tasks=n_tasks, seed=0, classes=list(range(2 * n_tasks)),
+                               train_per_class=2, test_per_class=2, name="mnist")
     config = TrainingConfig(batch_size=4, progress=False)
+    return ContinualTrainer(model, stream, config, ImageCollator(16, num_channels=3), make_accelerator(config, cpu=True))
 
-    def trainer(model):
-        return ContinualTrainer(model, stream, config, ImageCollator(16, num_channels=3), make_accelerator(config, cpu=True))
 
+def test_dualprompt_refuses_more_tasks_than_e_prompts_before_training():
     model = get_cl_model(vit(), DualPromptConfig(e_pool_size=2))
     with pytest.raises(ValueError, match="e_pool_size is 2.*task count to 3"):
-        trainer(model)  # refused at construction: nothing has trained
+        trainer_for(model)  # refused at construction: nothing has trained
     assert model.method.tasks_done == 0
-    trainer(get_cl_model(vit(), DualPromptConfig(e_pool_size=3)))  # one E-prompt per task fits
+    trainer_for(get_cl_model(vit(), DualPromptConfig(e_pool_size=3)))  # one E-prompt per task fits
     continued = get_cl_model(vit(), DualPromptConfig(e_pool_size=4))
     start_task(continued, 0, [0, 1])
     end_task(continued, 0)  # an adapter that has used one E-prompt: 1 + 3 tasks
-    trainer(continued)
+    trainer_for(continued)
     start_task(continued, 1, [2, 3])
     end_task(continued, 1)
     with pytest.raises(ValueError, match="task count to 5"):
-        trainer(continued)
+        trainer_for(continued)
 
 
 # ---- CODA-Prompt: components, orthogonal new ones, frozen old ones -----------------------------------
@@ -228,6 +229,15 @@ def test_orthogonal_to_gives_unit_vectors_orthogonal_to_the_old_span():
     torch.testing.assert_close(new @ new.T, torch.eye(4), atol=1e-5, rtol=0)
     with pytest.raises(ValueError, match="components_per_task"):
         orthogonal_to(old, 8, generator)
+
+
+def test_coda_refuses_a_stream_whose_components_exceed_the_hidden_size_before_training():
+    hidden = tiny_vit_config().hidden_size
+    model = get_cl_model(vit(), CodaPromptConfig(components_per_task=hidden // 3 + 1, prompt_length=4))
+    with pytest.raises(ValueError, match=f"components_per_task is {hidden // 3 + 1}: 3 tasks.*at most {hidden // 3}"):
+        trainer_for(model)
+    assert len(model.method.chunks) == 0  # refused before any task's components were made
+    trainer_for(get_cl_model(vit(), CodaPromptConfig(components_per_task=hidden // 3, prompt_length=4)))
 
 
 def test_coda_new_components_start_orthogonal_to_the_trained_old_ones():

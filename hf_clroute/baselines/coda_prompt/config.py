@@ -16,7 +16,8 @@ class CodaPromptConfig(PromptPoolConfig):
         default=10,
         metadata={"help": "Prompt components added at each task's start (the paper's pool of 100 over its 10 tasks). "
                           "The components of earlier tasks are frozen then; the new ones start orthogonal to them "
-                          "(Gram-Schmidt), per block, separately for prompts, keys and attention vectors."},
+                          "(Gram-Schmidt), per block, separately for prompts, keys and attention vectors. A stream "
+                          "whose tasks x components exceed the hidden size is refused before anything trains."},
     )
     prompt_length: int = field(
         default=8,

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...backbones import get_blocks
+from ...errors import UserInputError
 from ...methods.base import StepContext
 from ..prompt_pool.base import Prompts, PromptPoolMethod
 from .config import CodaPromptConfig
@@ -64,6 +65,13 @@ class CodaPrompt(PromptPoolMethod):
         self.chunks = nn.ModuleList()  # one Components per task started
         self.register_buffer("device_anchor", torch.zeros(0), persistent=False)  # where new chunks go
         self.injector.install_prefix(model.backbone, model.spec, self.layers)
+
+    def check_stream(self, n_tasks: int) -> None:
+        tasks, per_task = self.tasks_done + n_tasks, self.config.components_per_task
+        if tasks * per_task > self.hidden:  # keys and attention vectors live in the hidden size
+            raise UserInputError(f"CodaPromptConfig.components_per_task is {per_task}: {tasks} tasks x {per_task} "
+                                 f"components do not fit orthogonally in the backbone's {self.hidden} dimensions; "
+                                 f"use at most {self.hidden // tasks} per task")
 
     def _new_chunk(self) -> Components:
         cfg = self.config
