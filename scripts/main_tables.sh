@@ -26,6 +26,7 @@
 #                                                    (two jobs at a time)
 #   scripts/main_tables.sh counts [m,..]              wordnet's 40 classes in 5/10/20/40 tasks (wordnet-<n>tasks) with
 #                                                    wordnet's validation picks: RwF, its control, streaming LDA
+#                                                    (or the methods given: dualprompt, coda-prompt; one job each)
 #                                                    (SEEDS=...; COUNTS="5 40" for some task counts; the 8-task rows
 #                                                    are wordnet's own)
 #   scripts/main_tables.sh scarce <group> [m,..]     the same rows at 20% of the data (split-mnist-r-20pct),
