@@ -54,6 +54,9 @@ def test_a_side_with_minus_reads_the_change_seed_by_seed(tmp_path):
     assert claim.a.per_seed(tmp_path) == pytest.approx({0: 2.0, 1: 1.0, 2: 1.0, 3: 3.0})  # seed 4: "many" lacks it
     got = assess(claim, tmp_path)
     assert got["status"] == "reproduced in direction" and got["paired"]["n"] == 4
+    # the row states the relation found, not "worse", beside a claim where lower wins
+    row = next(line for line in reproduction_table(tmp_path).splitlines() if line.startswith("| P |"))
+    assert "(a > b on 0/4 seeds, p " in row and ": a < b) | reproduced in direction |" in row
     with pytest.raises(UserInputError, match="'minus' subtracts"):
         load_claims(_write_claims(tmp_path, [_claim(a={"results": "x.json", "minus": "y", "metric": "m"})]))
 

@@ -201,11 +201,16 @@ def _figure(stat: dict | None, digits: int = 2) -> str:
     return format_mean_std(stat, scale=1, digits=digits, missing="n/a")
 
 
+_RELATION = {"better": "a > b", "worse": "a < b"}
+
+
 def _paired_cell(paired: dict | None, ratio: float | None) -> str:
     if paired is None:
         return "n/a"
     p = "n/a" if paired["p"] is None else ("< 0.001" if paired["p"] < 0.001 else f"{paired['p']:.3f}")
-    cell = f"{paired['mean']:+.2f} ± {paired['std']:.2f} ({paired['wins']}/{paired['n']} seeds, p {p}: {paired['verdict']})"
+    # "better"/"worse" would read against claims where lower wins (perplexity, a drop), so the cell says a > b.
+    verdict = _RELATION.get(paired["verdict"], paired["verdict"])
+    cell = f"{paired['mean']:+.2f} ± {paired['std']:.2f} (a > b on {paired['wins']}/{paired['n']} seeds, p {p}: {verdict})"
     return cell + (f"; ratio {ratio:.2f}x" if ratio is not None else "")
 
 
@@ -218,7 +223,8 @@ def reproduction_table(results_root: Path) -> str:
         "## Reproduction: the papers' headline claims\n",
         f"Claims and their settings: `{CLAIMS_FILE.as_posix()}` under the results folder; our figures, paired "
         "verdicts and statuses are computed from the committed results (`hf_clroute/bench/reproduction.py`). "
-        "Our figure: a and b, mean ± std over seeds; paired: a - b per seed, paired t (p < 0.05).\n",
+        "Our figure: a and b, mean ± std over seeds; paired: a - b per seed, paired t (p < 0.05), the seeds where "
+        "a > b, and the relation the test finds (a claim that lower wins, such as a perplexity or a drop, wants a < b).\n",
         "```bash\n" + "\n".join(COMMANDS) + "\n```\n",
         "| paper | claim | paper's figure | our setting | ours: a / b | paired a - b | status |",
         "|---|---|---|---|---|---|---|",
