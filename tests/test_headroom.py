@@ -245,3 +245,19 @@ def test_an_edge_pick_extends_its_axis_by_tunes_rule(headroom_file, monkeypatch,
     assert not model.weight.requires_grad and not model.training
     with pytest.raises(ValueError, match="max_extensions"):
         HeadroomSuite(name="x", runner="headroom", suite="split-mnist", adapters=["lora"], max_extensions=-1)
+
+
+def test_an_adapter_with_one_seed_reads_one_seed_beside_one_with_two(headroom_file, tmp_path):
+    parts = [tmp_path / "two", tmp_path / "one"]
+    assert main(["bench", "--suite", str(headroom_file), "--seeds", "0,1", "--methods", "lastblock",
+                 "--out", str(parts[0])]) == 0
+    assert main(["bench", "--suite", str(headroom_file), "--seeds", "0", "--methods", "rwf-identity-cosine",
+                 "--out", str(parts[1])]) == 0
+    out = tmp_path / "merged"
+    assert main(["merge", *map(str, parts), "--out", str(out)]) == 0
+    lines = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| ")]
+    one = [line for line in lines if line.startswith("| rwf-identity-cosine |")]
+    two = [line for line in lines if line.startswith("| lastblock |")]
+    assert len(one) == len(two) == len(READOUTS)
+    assert all("(one seed)" in line and "± 0.0" not in line for line in one)  # not a std of one value
+    assert all("(one seed)" not in line.split("|")[3] and "±" in line.split("|")[3] for line in two)

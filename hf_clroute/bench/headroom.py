@@ -434,7 +434,6 @@ def _knob(row: dict, readout: str) -> str:
 
 def results_markdown(results: dict) -> str:
     seeds = ", ".join(map(str, results["seeds"]))
-    one_seed = len(results["seeds"]) == 1
     strongest = results.get("strongest_readout")
     lines = [f"# {results['suite']} (seeds {seeds})", "",
              f"Each adapter trained offline with a linear head on all of {results['config']['suite']}'s training "
@@ -448,6 +447,7 @@ def results_markdown(results: dict) -> str:
                                                           "validation score)") + ".", ""]
     rows = []
     for name, m in results["methods"].items():
+        one_seed = len(m["per_seed"]) == 1  # per adapter: a merged study may hold more seeds of another adapter
         picks = ", ".join(f"{r['pick']['learning_rate']:g}/{r['pick']['epochs']}{'†' if adapter_edge(r) else ''}"
                           for r in m["per_seed"])
         for readout in READOUTS:
