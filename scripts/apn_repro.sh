@@ -27,10 +27,11 @@ merge() {
       retention:apn-all/dense-all retention:apn-ffn/dense-ffn retention:apn-frozen-routing-all/dense-all \
       adaptation:apn-all/dense-all adaptation:apn-ffn/dense-ffn $(locality_pairs)
 }
-locality_pairs() {  # the locality options' retention against dense's, for those the runs hold
-  local m
+locality_pairs() {  # the locality options against dense (retention; PPL_A after A, ppl_matrix.0.0; PPL_A
+  local m           # after B, ppl_matrix.1.0) and against shared-encoder APN, for those the runs hold
   for m in apn-per-patch-all apn-lb-horizon-all; do
-    grep -qs "\"$m\"" "$runs"/seed*/results.json && echo "retention:$m/dense-all retention:$m/apn-all"
+    grep -qs "\"$m\"" "$runs"/seed*/results.json &&
+        echo "retention:$m/dense-all retention:$m/apn-all ppl_matrix.0.0:$m/dense-all ppl_matrix.1.0:$m/dense-all"
   done
   return 0
 }

@@ -5,7 +5,8 @@ verdicts (each row against its control and the best statistics head) do not make
     python scripts/paired_rows.py results/apn-shakespeare-kjv retention:apn-all/dense-all --out ...
 
 A pair is ``a:b`` (A_T, printed in points) or ``METRIC:a/b`` (any per-seed field: a number, or the first
-element of a list such as the char-LM runner's ``adaptation``). Prints one line per pair (mean ± std of
+element of a list such as the char-LM runner's ``adaptation``; ``FIELD.i.j`` indexes into nested lists, so
+``ppl_matrix.1.0`` is the char-LM runner's perplexity on domain A after training on B). Prints one line per pair (mean ± std of
 a − b, the seeds where a is higher, the paired t's p and the verdict, the same rule as the tables') and
 writes them as JSON with each side's per-seed values.
 """
@@ -32,11 +33,17 @@ def parse_pair(spec: str) -> tuple[str, str, str]:
 
 
 def seed_values(row: dict, metric: str, method: str) -> dict[int, float]:
+    field, *index = metric.split(".")
     values = {}
     for seed_row in row["per_seed"]:
-        if metric not in seed_row:
-            raise SystemExit(f"row {method!r}, seed {seed_row['seed']}: no field {metric!r}")
-        v = seed_row[metric]
+        where = f"row {method!r}, seed {seed_row['seed']}"
+        if field not in seed_row:
+            raise SystemExit(f"{where}: no field {field!r}")
+        v = seed_row[field]
+        for i in index:
+            if not (i.isdigit() and isinstance(v, list) and int(i) < len(v)):
+                raise SystemExit(f"{where}: {metric!r} does not index field {field!r}")
+            v = v[int(i)]
         values[seed_row["seed"]] = float(v[0] if isinstance(v, list) else v)
     return values
 

@@ -39,3 +39,18 @@ def test_a_metric_pair_reads_that_field_of_each_seed_as_the_lm_and_plasticity_sc
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(results), "dense-all:apn-all"],
                           cwd=REPO, capture_output=True, text=True)
     assert done.returncode != 0 and "no field 'A_T'" in done.stderr  # a:b is A_T, which LM rows do not have
+
+
+def test_an_indexed_metric_reads_one_cell_of_a_nested_list_and_a_bad_index_is_named(tmp_path):
+    # apn_repro.sh pairs PPL_A after B as ppl_matrix.1.0 (row: after training on B; column: domain A)
+    out = tmp_path / "paired.json"
+    results = REPO / "results" / "apn-shakespeare-kjv"
+    subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(results), "--out", str(out),
+                    "ppl_matrix.1.0:apn-all/dense-all"], check=True, cwd=REPO)
+    (pair,) = json.loads(out.read_text())["pairs"]
+    rows = json.loads((results / "results.json").read_text())["methods"]
+    assert pair["a_per_seed"] == {str(r["seed"]): r["ppl_matrix"][1][0] for r in rows["apn-all"]["per_seed"]}
+    assert pair["a_per_seed"] != {str(r["seed"]): r["ppl_matrix"][0][1] for r in rows["apn-all"]["per_seed"]}
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(results),
+                           "ppl_matrix.2.0:apn-all/dense-all"], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode != 0 and "'ppl_matrix.2.0' does not index field 'ppl_matrix'" in done.stderr
