@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,12 @@ def test_no_import_cycle_between_modules():
         if m not in state:
             visit(m, [m])
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_readme_layout_names_every_module_of_the_package():
+    readme = (PACKAGE.parent / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):readme.index("### Where a run's settings come from")]
+    words = set(re.findall(r"[A-Za-z_]+", layout))
+    unnamed = sorted(str(path.relative_to(PACKAGE.parent)) for path in PACKAGE.rglob("*.py")
+                     if path.stem != "__init__" and path.stem not in words)
+    assert not unnamed, f"README's Layout section does not name: {', '.join(unnamed)}"
