@@ -40,4 +40,13 @@ for seed in ${SEEDS:-0 1 2}; do
   "$BIN/hf-clroute" bench --suite "$SUITE" --methods "$methods" --seeds "$seed" \
       --out "$runs/seed$seed${METHODS:+-${METHODS//,/-}}" --no-progress
 done
+# Per-seed jobs run side by side, so another job's run may still be going: merge only once every run is
+# written, and one merge at a time (the last job to end merges them all).
+pending=$(for d in "$runs"/seed*; do [ -f "$d/results.json" ] || echo "$d"; done)
+if [ -n "$pending" ]; then
+  echo "not merged yet, still running: $pending (the last job merges, or: scripts/apn_repro.sh merge)"
+  exit 0
+fi
+exec 9>"$runs/.merge.lock"
+flock 9
 merge
