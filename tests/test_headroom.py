@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,6 +45,23 @@ def headroom_file(tiny_suite, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module")
+def bench_part(headroom_file, tmp_path_factory):
+    """`hf-clroute bench` of the study on some seeds ("0" or "0,1") for one adapter, each run once per module;
+    the tests only read these folders (copy one before changing it)."""
+    done = {}
+
+    def run(seeds: str, method: str) -> Path:
+        if (seeds, method) not in done:
+            out = tmp_path_factory.mktemp("part") / f"s{seeds}-{method}"
+            assert main(["bench", "--suite", str(headroom_file), "--seeds", seeds, "--methods", method,
+                         "--out", str(out)]) == 0
+            done[seeds, method] = out
+        return done[seeds, method]
+
+    return run
+
+
 def test_runner_writes_every_adapter_and_readout_against_the_same_frozen_features(headroom_file, tmp_path):
     out = tmp_path / "run"
     assert main(["bench", "--suite", str(headroom_file), "--seeds", "0", "--out", str(out)]) == 0
@@ -76,11 +95,8 @@ def test_runner_writes_every_adapter_and_readout_against_the_same_frozen_feature
     assert "(one seed, no test)" in table and "± 0.0" not in table  # one seed: no paired std to show
 
 
-def test_runs_split_by_adapter_merge_into_one_study_with_one_frozen_row_per_seed(headroom_file, tmp_path):
-    parts = []
-    for name in ("rwf-identity-cosine", "lastblock"):  # one seed's adapters run as separate jobs
-        parts.append(tmp_path / name)
-        assert main(["bench", "--suite", str(headroom_file), "--seeds", "0", "--methods", name, "--out", str(parts[-1])]) == 0
+def test_runs_split_by_adapter_merge_into_one_study_with_one_frozen_row_per_seed(bench_part, tmp_path):
+    parts = [bench_part("0", name) for name in ("rwf-identity-cosine", "lastblock")]  # one seed, two jobs
     out = tmp_path / "merged"
     assert main(["merge", *map(str, parts), "--out", str(out)]) == 0
     merged = json.loads((out / "results.json").read_text())
@@ -91,13 +107,11 @@ def test_runs_split_by_adapter_merge_into_one_study_with_one_frozen_row_per_seed
     assert [c.split()[1] for c in merged["commands"]] == ["bench", "bench", "merge"]
 
 
-def test_a_merge_refuses_seeds_run_with_different_picks(headroom_file, tmp_path):
+def test_a_merge_refuses_seeds_run_with_different_picks(bench_part, tmp_path):
     from hf_clroute.errors import UserInputError
 
-    parts = [tmp_path / "s0", tmp_path / "s1"]
-    for seed, part in enumerate(parts):
-        assert main(["bench", "--suite", str(headroom_file), "--seeds", str(seed), "--methods", "lastblock",
-                     "--out", str(part)]) == 0
+    parts = [bench_part("0", "lastblock"), tmp_path / "s1"]
+    shutil.copytree(bench_part("1", "lastblock"), parts[1])
     results = json.loads((parts[1] / "results.json").read_text())
     row = results["methods"]["lastblock"]["per_seed"][0]
     row["selection"]["learning_rates"] = [0.01]  # as if seed 1 had chosen its pick from another grid
@@ -247,12 +261,8 @@ def test_an_edge_pick_extends_its_axis_by_tunes_rule(headroom_file, monkeypatch,
         HeadroomSuite(name="x", runner="headroom", suite="split-mnist", adapters=["lora"], max_extensions=-1)
 
 
-def test_an_adapter_with_one_seed_reads_one_seed_beside_one_with_two(headroom_file, tmp_path):
-    parts = [tmp_path / "two", tmp_path / "one"]
-    assert main(["bench", "--suite", str(headroom_file), "--seeds", "0,1", "--methods", "lastblock",
-                 "--out", str(parts[0])]) == 0
-    assert main(["bench", "--suite", str(headroom_file), "--seeds", "0", "--methods", "rwf-identity-cosine",
-                 "--out", str(parts[1])]) == 0
+def test_an_adapter_with_one_seed_reads_one_seed_beside_one_with_two(bench_part, tmp_path):
+    parts = [bench_part("0,1", "lastblock"), bench_part("0", "rwf-identity-cosine")]
     out = tmp_path / "merged"
     assert main(["merge", *map(str, parts), "--out", str(out)]) == 0
     lines = [line for line in (out / "results.md").read_text().splitlines() if line.startswith("| ")]
