@@ -8,49 +8,48 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+SCRIPT = str(REPO / "scripts" / "paired_rows.py")
+
+
+def paired(results: Path, *pairs: str, out: Path) -> list[dict]:
+    """Run the script as README and apn_repro.sh call it; the pairs it wrote."""
+    subprocess.run([sys.executable, SCRIPT, str(results), "--out", str(out), *pairs], check=True, cwd=REPO)
+    return json.loads(out.read_text())["pairs"]
+
+
+def refusal(results: Path, *pairs: str) -> str:
+    """The error the script exits with (it must exit non-zero)."""
+    done = subprocess.run([sys.executable, SCRIPT, str(results), *pairs], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode != 0
+    return done.stderr
 
 
 def test_a_pair_matches_the_verdict_the_table_records_and_an_unknown_row_is_named(tmp_path):
-    out = tmp_path / "paired.json"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(REPO / "results" / "split-mnist"),
-                    "rwf:rwf-head-only", "--out", str(out)], check=True, cwd=REPO)
-    pair = json.loads(out.read_text())["pairs"][0]
+    (pair,) = paired(REPO / "results" / "split-mnist", "rwf:rwf-head-only", out=tmp_path / "paired.json")
     recorded = json.loads((REPO / "results" / "split-mnist" / "results.json").read_text())["methods"]["rwf"]["verdicts"]
     assert recorded["control"] == "rwf-head-only"
     for key in ("mean", "std", "wins", "p", "verdict"):
         assert pair[key] == pytest.approx(recorded["vs_control"][key])
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(REPO / "results" / "split-mnist"),
-                           "rwf:nope"], cwd=REPO, capture_output=True, text=True)
-    assert done.returncode != 0 and "no row 'nope'" in done.stderr
+    assert "no row 'nope'" in refusal(REPO / "results" / "split-mnist", "rwf:nope")
 
 
 def test_a_metric_pair_reads_that_field_of_each_seed_as_the_lm_and_plasticity_scripts_call_it(tmp_path):
     # scripts/apn_repro.sh and qoa_plasticity.sh call `paired_rows.py DIR --out F METRIC:a/b ...`
-    out = tmp_path / "paired.json"
     results = REPO / "results" / "apn-shakespeare-kjv"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(results), "--out", str(out),
-                    "retention:apn-all/dense-all"], check=True, cwd=REPO)
-    (retention,) = json.loads(out.read_text())["pairs"]
+    (retention,) = paired(results, "retention:apn-all/dense-all", out=tmp_path / "paired.json")
     rows = json.loads((results / "results.json").read_text())["methods"]
     for side, method in (("a_per_seed", "apn-all"), ("b_per_seed", "dense-all")):
         assert retention[side] == {str(r["seed"]): r["retention"] for r in rows[method]["per_seed"]}
     diffs = [a["retention"] - b["retention"] for a, b in zip(rows["apn-all"]["per_seed"], rows["dense-all"]["per_seed"])]
     assert retention["metric"] == "retention" and retention["mean"] == pytest.approx(sum(diffs) / len(diffs))
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(results), "dense-all:apn-all"],
-                          cwd=REPO, capture_output=True, text=True)
-    assert done.returncode != 0 and "no field 'A_T'" in done.stderr  # a:b is A_T, which LM rows do not have
+    assert "no field 'A_T'" in refusal(results, "dense-all:apn-all")  # a:b is A_T, which LM rows do not have
 
 
 def test_an_indexed_metric_reads_one_cell_of_a_nested_list_and_a_bad_index_is_named(tmp_path):
     # apn_repro.sh pairs PPL_A after B as ppl_matrix.1.0 (row: after training on B; column: domain A)
-    out = tmp_path / "paired.json"
     results = REPO / "results" / "apn-shakespeare-kjv"
-    subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(results), "--out", str(out),
-                    "ppl_matrix.1.0:apn-all/dense-all"], check=True, cwd=REPO)
-    (pair,) = json.loads(out.read_text())["pairs"]
+    (pair,) = paired(results, "ppl_matrix.1.0:apn-all/dense-all", out=tmp_path / "paired.json")
     rows = json.loads((results / "results.json").read_text())["methods"]
     assert pair["a_per_seed"] == {str(r["seed"]): r["ppl_matrix"][1][0] for r in rows["apn-all"]["per_seed"]}
     assert pair["a_per_seed"] != {str(r["seed"]): r["ppl_matrix"][0][1] for r in rows["apn-all"]["per_seed"]}
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "paired_rows.py"), str(results),
-                           "ppl_matrix.2.0:apn-all/dense-all"], cwd=REPO, capture_output=True, text=True)
-    assert done.returncode != 0 and "'ppl_matrix.2.0' does not index field 'ppl_matrix'" in done.stderr
+    assert "'ppl_matrix.2.0' does not index field 'ppl_matrix'" in refusal(results, "ppl_matrix.2.0:apn-all/dense-all")
