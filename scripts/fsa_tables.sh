@@ -6,6 +6,7 @@
 #   scripts/fsa_tables.sh extra <suite>    only the added rows (EXTRA= a subset)
 #   scripts/fsa_tables.sh headroom-wordnet WordNet's headroom test, one job per seed and adapter
 #                                          (SEEDS=, ADAPTERS= subsets), two at a time, then merged
+#                                          into the committed study
 # Each suite: every method tuned on the validation split (seed 0, 12 configurations each, edge
 # picks extended), then the picks run on seeds 0-4 over the fixed test set. About an hour per
 # suite on one core of a 2-core CPU; the suites run side by side, one thread each.
@@ -52,7 +53,11 @@ headroom_wordnet() {
     done
   done
   wait
-  "$BIN/hf-clroute" merge --out results/headroom-wordnet-cpu "$parts"/s*
+  # The parts are not committed: on a fresh clone a run of some seeds (SEEDS=2) joins the committed study,
+  # whose rows a part of the same seed and adapter replaces.
+  out=results/headroom-wordnet-cpu earlier=()
+  if [ -f "$out/results.json" ]; then earlier=("$out"); fi
+  "$BIN/hf-clroute" merge --out "$out" "${earlier[@]}" "$parts"/s*
 }
 if [ "${1:-}" = extra ]; then extra "$2"; exit; fi
 if [ "${1:-}" = headroom-wordnet ]; then headroom_wordnet; "$BIN/hf-clroute" report; exit; fi

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -105,6 +107,40 @@ def test_runs_split_by_adapter_merge_into_one_study_with_one_frozen_row_per_seed
     assert len(merged["frozen"]) == 1  # the seed's frozen readouts, once: both runs read the same features
     assert {r: merged["frozen"][0][r] for r in READOUTS} == {r: first["frozen"][0][r] for r in READOUTS}
     assert [c.split()[1] for c in merged["commands"]] == ["bench", "bench", "merge"]
+
+
+def test_a_later_seed_merges_into_the_committed_study_in_place(bench_part, tmp_path):
+    """The per-seed parts are not committed: a new seed joins the merged study itself, which keeps its seeds."""
+    out = tmp_path / "study"
+    assert main(["merge", str(bench_part("0", "lastblock")), "--out", str(out)]) == 0
+    assert main(["merge", str(out), str(bench_part("1", "lastblock")), "--out", str(out)]) == 0
+    merged = json.loads((out / "results.json").read_text())
+    assert merged["seeds"] == [0, 1] and [r["seed"] for r in merged["frozen"]] == [0, 1]
+    assert [r["seed"] for r in merged["methods"]["lastblock"]["per_seed"]] == [0, 1]
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_wordnet_headroom_script_joins_new_seeds_to_the_committed_study(tmp_path, committed):
+    """`SEEDS=2 scripts/fsa_tables.sh headroom-wordnet` on a fresh clone (no parts) must not drop seeds 0-1."""
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(root / "scripts" / "fsa_tables.sh", tmp_path / "scripts")
+    fake = tmp_path / "bin" / "hf-clroute"  # records each call; a bench makes its --out directory
+    fake.parent.mkdir()
+    fake.write_text('#!/usr/bin/env bash\necho "$*" >> "$LOG"\n'
+                    'if [ "$1" = bench ]; then while [ "$1" != --out ]; do shift; done; mkdir -p "$2"; fi\n')
+    fake.chmod(0o755)
+    if committed:
+        (tmp_path / "results" / "headroom-wordnet-cpu").mkdir(parents=True)
+        (tmp_path / "results" / "headroom-wordnet-cpu" / "results.json").write_text("{}")
+    log = tmp_path / "calls.log"
+    env = {**os.environ, "BIN": str(fake.parent), "LOG": str(log), "SEEDS": "2", "ADAPTERS": "lora"}
+    subprocess.run(["bash", str(tmp_path / "scripts" / "fsa_tables.sh"), "headroom-wordnet"], env=env, check=True)
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("bench --suite headroom-wordnet-cpu --seeds 2 --methods lora")
+    earlier = "results/headroom-wordnet-cpu " if committed else ""
+    assert calls[1] == f"merge --out results/headroom-wordnet-cpu {earlier}results/headroom-wordnet-cpu.parts/s2-lora"
+    assert calls[2] == "report"
 
 
 def test_a_merge_refuses_seeds_run_with_different_picks(bench_part, tmp_path):
