@@ -265,6 +265,9 @@ def test_the_headroom_table_names_adapters_the_paired_test_calls_better_on_the_s
     assert "headroom-mnist: ranpac (80.0 frozen), none." in three and "too few seeds" in three  # 3 seeds: no verdict
     one = headroom_table({"headroom-mnist": study([0], {"lora": {r: v[:1] for r, v in steady.items()}})})
     assert "+1.0 (one seed, no test)" in one and "± 0.0" not in one
+    mixed = study(range(3), {"lora": {r: v[:3] for r, v in steady.items()}})
+    mixed["methods"]["rwf"] = {"per_seed": mixed["methods"]["lora"]["per_seed"][:1]}  # one seed of rwf beside 3
+    assert "| headroom-mnist | 1 | rwf | +5.0 (one seed, no test) |" in headroom_table({"headroom-mnist": mixed})
     unscored = study(range(5), {"lora": steady})
     del unscored["frozen"][0]["probe"]["validation"]  # written before the probe chose its L2 on validation
     assert "headroom-mnist: n/a (a frozen readout has no validation score" in headroom_table({"headroom-mnist": unscored})

@@ -280,7 +280,8 @@ def headroom_table(studies: dict[str, dict]) -> str:
         for adapter, m in methods.items():
             cells = [f"{paired_cell(gains[adapter][r])}{readout_edge_mark(study, adapter, r)}"
                      f"{' *' if r == strongest else ''}" for r in columns]
-            lines.append(f"| {name} | {len(study.get('seeds', []))} | {adapter} | " + " | ".join(cells) + " |")
+            # the adapter's own seeds: a merged study may hold more seeds of another adapter
+            lines.append(f"| {name} | {len(m['per_seed'])} | {adapter} | " + " | ".join(cells) + " |")
         for adapter in [a for a in (study.get("config") or {}).get("adapters", []) if a not in methods]:
             # an adapter the study lists but its committed results lack: a visible row, never a silent gap
             lines.append(f"| {name} | 0 | {adapter} | " + " | ".join(["not run"] * len(columns)) + " |")
