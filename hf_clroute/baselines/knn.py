@@ -17,17 +17,15 @@ Classes with no vote score below every voted class.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from ..config import CLConfig
-from ..methods.base import ContinualMethod, StepContext, add_global_batch
-from ..replay_buffer import ReservoirBuffer
+from ..methods.base import FeatureMemoryMethod
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..data.streams import Experience
     from ..model import CLModel
 
 #: (query, stored item) similarities computed at once; larger evaluations are chunked over queries.
@@ -79,20 +77,10 @@ def knn_logits(
     return torch.cat(rows) if rows else query.new_zeros(0, num_classes, dtype=torch.float32)
 
 
-class KNearestNeighbours(ContinualMethod):
+class KNearestNeighbours(FeatureMemoryMethod):
     """Cosine k-NN (majority vote, similarity-weighted ties) over a reservoir buffer of frozen features."""
 
     config_class = KNNConfig
-    uses_head = False
-
-    def __init__(self, config: KNNConfig) -> None:
-        super().__init__(config)
-        self.buffer = ReservoirBuffer(config.buffer_size, seed=config.seed)
-        self.num_classes = 0
-
-    def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
-        if experience.classes:
-            self.num_classes = max(self.num_classes, max(experience.classes) + 1)
 
     def classify(self, model: "CLModel", features: torch.Tensor) -> torch.Tensor:
         if len(self.buffer) == 0:
@@ -100,13 +88,3 @@ class KNearestNeighbours(ContinualMethod):
         items = self.buffer.contents()
         keys, labels = items["features"].to(features.device), items["labels"].to(features.device)
         return knn_logits(features, keys, labels, self.config.k, self.num_classes).to(features.dtype)
-
-    def after_step(self, model: "CLModel", batch: dict[str, torch.Tensor], out, ctx: StepContext) -> None:
-        add_global_batch(self.buffer, out.features, batch["labels"], ctx)
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"num_classes": self.num_classes, "buffer": self.buffer.extra_state()}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.num_classes = int(state.get("num_classes", 0))
-        self.buffer.load_extra_state(state.get("buffer", {}))

@@ -25,6 +25,7 @@ from torch import nn
 from ..config import CLConfig
 from ..heads import StatisticsHead, task_mask_logits
 from ..outputs import CLModelOutput, model_inputs
+from ..replay_buffer import ReservoirBuffer
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import IterableDataset
@@ -202,6 +203,34 @@ def add_global_batch(buffer: Any, features: torch.Tensor, labels: torch.Tensor, 
     """Add a step's (features, labels) to a feature buffer: every process adds the whole global
     batch, in order, so the processes' buffers (and their reservoir draws) stay identical."""
     buffer.add({"features": ctx.gather(features).float(), "labels": ctx.gather(labels).long()})
+
+
+class FeatureMemoryMethod(ContinualMethod):
+    """A method that classifies from a reservoir buffer of (frozen features, label), filled after
+    every step with the global batch. QOA and its k-NN control share this memory: with the same
+    ``buffer_size`` and ``seed`` on the same stream they hold the same items. The config needs
+    ``buffer_size`` and ``seed``; ``num_classes`` counts the classes seen so far."""
+
+    uses_head = False
+
+    def __init__(self, config: CLConfig) -> None:
+        super().__init__(config)
+        self.buffer = ReservoirBuffer(config.buffer_size, seed=config.seed)
+        self.num_classes = 0
+
+    def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
+        if experience.classes:
+            self.num_classes = max(self.num_classes, max(experience.classes) + 1)
+
+    def after_step(self, model: "CLModel", batch: dict[str, torch.Tensor], out, ctx: StepContext) -> None:
+        add_global_batch(self.buffer, out.features, batch["labels"], ctx)
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"num_classes": self.num_classes, "buffer": self.buffer.extra_state()}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.num_classes = int(state.get("num_classes", 0))
+        self.buffer.load_extra_state(state.get("buffer", {}))
 
 
 def cross_entropy_over_scored(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -20,13 +20,12 @@ log-probabilities over the classes seen so far.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from ...replay_buffer import ReservoirBuffer
-from ..base import ContinualMethod, StepContext, add_global_batch, seeded_init
+from ..base import FeatureMemoryMethod, StepContext, seeded_init
 from .config import QoaConfig
 from .head import (
     build_scorer,
@@ -43,16 +42,13 @@ if TYPE_CHECKING:  # pragma: no cover
 _TRAIN, _EVAL, _REPLAY = 0, 1, 2
 
 
-class Qoa(ContinualMethod):
+class Qoa(FeatureMemoryMethod):
     config_class = QoaConfig
-    uses_head = False
 
     def __init__(self, config: QoaConfig) -> None:
-        super().__init__(config)
         if config.task != "classification":
             raise ValueError("QoaConfig.task must be 'classification' for the QOA head (regression is standalone only)")
-        self.buffer = ReservoirBuffer(config.buffer_size, seed=config.seed)
-        self.num_classes = 0
+        super().__init__(config)
 
     def attach(self, model: "CLModel") -> None:
         # The scorer's init depends on the config's seed only, and leaves the global RNG as it was.
@@ -63,7 +59,7 @@ class Qoa(ContinualMethod):
         needed = max(experience.classes) + 1
         if needed > self.config.max_classes:
             raise ValueError(f"QoaConfig.max_classes={self.config.max_classes} is too small for class id {needed - 1}")
-        self.num_classes = max(self.num_classes, needed)
+        super().on_task_start(model, experience, ctx)
 
     def support(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(features, one-hot labels, buffer slots) of the support set for the current mode."""
@@ -129,13 +125,3 @@ class Qoa(ContinualMethod):
         log_probs = self.predict(query, query_slots=slots)
         share = replayed / (replayed + (len(logits) if self.config.batch_queries else 0))
         return {"replay": F.nll_loss(log_probs, self.buffer.storage("labels")[slots]) * share}
-
-    def after_step(self, model: "CLModel", batch: dict[str, torch.Tensor], out, ctx: StepContext) -> None:
-        add_global_batch(self.buffer, out.features, batch["labels"], ctx)
-
-    def extra_state(self) -> dict[str, Any]:
-        return {"num_classes": self.num_classes, "buffer": self.buffer.extra_state()}
-
-    def load_extra_state(self, state: dict[str, Any]) -> None:
-        self.num_classes = int(state.get("num_classes", 0))
-        self.buffer.load_extra_state(state.get("buffer", {}))
