@@ -177,10 +177,14 @@ scarce() {  # group: split-mnist-r at 20% of its data, with the picks made on sp
 }
 
 counts() {  # [methods]: the task-count study; each suite's runs land in results/wordnet-<n>tasks.parts/<seeds>
-  local n
+  # A count's committed rows keep the picks they ran with (its own selection.json), so that seeds added later
+  # run with the same picks (merge refuses mixed ones); wordnet's picks only start a study from scratch.
+  local n selection
   for n in ${COUNTS:-5 10 20 40}; do
+    selection=results/wordnet-${n}tasks/selection.json
+    [ -f "$selection" ] || selection=results/wordnet/selection.json
     "$BIN/hf-clroute" bench --suite "wordnet-${n}tasks" --methods "${1:-rwf,rwf-head-only,slda}" --seeds "$SEEDS" \
-        --out "results/wordnet-${n}tasks.parts/${1:-rows}-s${SEEDS//,/}" --selection results/wordnet/selection.json --no-progress
+        --out "results/wordnet-${n}tasks.parts/${1:-rows}-s${SEEDS//,/}" --selection "$selection" --no-progress
   done
 }
 

@@ -3,12 +3,15 @@ verdicts (each row against its control and the best statistics head) do not make
 
     python scripts/paired_rows.py results/split-mnist er:mars rwf:l2p --out results/paired/split-mnist.json
     python scripts/paired_rows.py results/apn-shakespeare-kjv retention:apn-all/dense-all --out ...
+    python scripts/paired_rows.py results/wordnet-5tasks --minus results/wordnet-20tasks rwf:dualprompt --out ...
 
 A pair is ``a:b`` (A_T, printed in points) or ``METRIC:a/b`` (any per-seed field: a number, or the first
 element of a list such as the char-LM runner's ``adaptation``; ``FIELD.i.j`` indexes into nested lists, so
 ``ppl_matrix.1.0`` is the char-LM runner's perplexity on domain A after training on B). Prints one line per pair (mean ± std of
 a − b, the seeds where a is higher, the paired t's p and the verdict, the same rule as the tables') and
-writes them as JSON with each side's per-seed values.
+writes them as JSON with each side's per-seed values. With ``--minus OTHER`` each side is its row's value
+minus the same row's value in OTHER on the same seed (a drop, such as A_T from 5 to 20 tasks), so a pair
+compares two rows' drops seed by seed.
 """
 
 from __future__ import annotations
@@ -48,16 +51,32 @@ def seed_values(row: dict, metric: str, method: str) -> dict[int, float]:
     return values
 
 
-def pairs_table(results: Path, pairs: list[str]) -> list[dict]:
+def load_rows(results: Path) -> dict:
     path = results if results.suffix == ".json" else results / "results.json"
-    rows = json.loads(path.read_text())["methods"]
+    return json.loads(path.read_text())["methods"]
+
+
+def side_values(tables: list[tuple[Path, dict]], metric: str, method: str) -> dict[int, float]:
+    """One side of a pair: the row's per-seed values, minus the same row's in the second table if given
+    (only the seeds both tables ran)."""
+    for results, rows in tables:
+        if method not in rows:
+            raise SystemExit(f"{results}: no row {method!r} (rows: {', '.join(sorted(rows))})")
+    values, *minus = [seed_values(rows[method], metric, method) for _, rows in tables]
+    if not minus:
+        return values
+    shared = sorted(set(values) & set(minus[0]))
+    if not shared:
+        raise SystemExit(f"row {method!r}: no seed in both {tables[0][0]} and {tables[1][0]}")
+    return {s: values[s] - minus[0][s] for s in shared}
+
+
+def pairs_table(results: Path, pairs: list[str], minus: Path | None = None) -> list[dict]:
+    tables = [(t, load_rows(t)) for t in ([results] if minus is None else [results, minus])]
     out = []
     for spec in pairs:
         metric, a, b = parse_pair(spec)
-        missing = [m for m in (a, b) if m not in rows]
-        if missing:
-            raise SystemExit(f"{results}: no row {missing[0]!r} (rows: {', '.join(sorted(rows))})")
-        values = [seed_values(rows[m], metric, m) for m in (a, b)]
+        values = [side_values(tables, metric, m) for m in (a, b)]
         out.append({"a": a, "b": b, "metric": metric, **paired_difference(*values),
                     "a_per_seed": values[0], "b_per_seed": values[1]})
     return out
@@ -67,9 +86,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("results", type=Path, help="a results folder with results.json (or that file)")
     parser.add_argument("pairs", nargs="+", help="a:b (A_T) or METRIC:a/b, the rows to compare (a − b)")
+    parser.add_argument("--minus", type=Path, help="a second results folder: pair each row's value minus its value "
+                        "there on the same seed (a drop between two settings)")
     parser.add_argument("--out", type=Path, help="where to write the JSON")
     args = parser.parse_args()
-    table = pairs_table(args.results, args.pairs)
+    table = pairs_table(args.results, args.pairs, args.minus)
     for d in table:
         scale, unit = (100, "") if d["metric"] == "A_T" else (1, f" {d['metric']}")
         p = "n/a" if d["p"] is None else f"{d['p']:.2g}"
@@ -80,7 +101,8 @@ def main() -> None:
                   f"({d['wins']} of {d['n']}, p {p}): {d['verdict']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.out, json.dumps({"results": str(args.results), "pairs": table}, indent=2) + "\n")
+        written = {"results": str(args.results), **({"minus": str(args.minus)} if args.minus else {}), "pairs": table}
+        atomic_write_text(args.out, json.dumps(written, indent=2) + "\n")
 
 
 if __name__ == "__main__":

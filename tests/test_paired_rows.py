@@ -53,3 +53,23 @@ def test_an_indexed_metric_reads_one_cell_of_a_nested_list_and_a_bad_index_is_na
     assert pair["a_per_seed"] == {str(r["seed"]): r["ppl_matrix"][1][0] for r in rows["apn-all"]["per_seed"]}
     assert pair["a_per_seed"] != {str(r["seed"]): r["ppl_matrix"][0][1] for r in rows["apn-all"]["per_seed"]}
     assert "'ppl_matrix.2.0' does not index field 'ppl_matrix'" in refusal(results, "ppl_matrix.2.0:apn-all/dense-all")
+
+
+def test_minus_pairs_two_rows_drops_seed_by_seed_and_a_row_missing_from_the_second_table_is_named(tmp_path):
+    # README's task-count sentences: how much more A_T a row loses from 5 to 20 tasks than another row
+    five, twenty = REPO / "results" / "wordnet-5tasks", REPO / "results" / "wordnet-20tasks"
+    done = subprocess.run([sys.executable, SCRIPT, str(five), "--minus", str(twenty), "rwf:dualprompt",
+                           "--out", str(tmp_path / "drop.json")], check=True, cwd=REPO)
+    written = json.loads((tmp_path / "drop.json").read_text())
+    (pair,) = written["pairs"]
+    assert done.returncode == 0 and written["minus"] == str(twenty)
+    rows = [json.loads((d / "results.json").read_text())["methods"] for d in (five, twenty)]
+    for side, method in (("a_per_seed", "rwf"), ("b_per_seed", "dualprompt")):
+        at = [{r["seed"]: r["A_T"] for r in table[method]["per_seed"]} for table in rows]
+        assert pair[side] == pytest.approx({str(s): at[0][s] - at[1][s] for s in at[0] if s in at[1]})
+    drops = [pair["a_per_seed"][s] - pair["b_per_seed"][s] for s in pair["a_per_seed"]]
+    assert pair["mean"] == pytest.approx(sum(drops) / len(drops)) and pair["n"] == len(drops)
+    # knn ran on wordnet but not in the task-count study: the second table is the one named
+    error = subprocess.run([sys.executable, SCRIPT, str(REPO / "results" / "wordnet"), "--minus", str(twenty),
+                            "knn:rwf"], cwd=REPO, capture_output=True, text=True)
+    assert error.returncode != 0 and f"{twenty}: no row 'knn'" in error.stderr
