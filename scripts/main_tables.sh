@@ -165,7 +165,8 @@ mars() {  # suite: the cached group's mars rows ran MaRS's first reading; they b
 }
 
 scarce() {  # group: split-mnist-r at 20% of its data, with the picks made on split-mnist-r's validation split
-            # (committed: the cached group on SCARCE_SEEDS=0,1,2,3,4, the others on 0,1,2)
+            # (committed: every group on seeds 0-4; the prompts and adapters groups ran 0,1,2 first, then
+            # SCARCE_SEEDS=3,4 into the same folders, added with `add split-mnist-r-20pct <dir>...`)
   local methods
   case "$1" in
     prompts) methods=${2:-rwf,l2p,dualprompt} ;;  # committed: rwf, then l2p,dualprompt (a later round)

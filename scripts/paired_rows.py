@@ -93,11 +93,12 @@ def main() -> None:
     table = pairs_table(args.results, args.pairs, args.minus)
     for d in table:
         scale, unit = (100, "") if d["metric"] == "A_T" else (1, f" {d['metric']}")
+        mean = round(d["mean"] * scale, 9)  # a mean of float noise (8e-16) prints as +0
         p = "n/a" if d["p"] is None else f"{d['p']:.2g}"
         if d["n"] == 1:  # one seed has no spread and no test
-            print(f"{d['a']} − {d['b']}{unit}: {d['mean'] * scale:+.3g} (one seed, no test)")
+            print(f"{d['a']} − {d['b']}{unit}: {mean:+.3g} (one seed, no test)")
         else:
-            print(f"{d['a']} − {d['b']}{unit}: {d['mean'] * scale:+.3g} ± {d['std'] * scale:.2g} "
+            print(f"{d['a']} − {d['b']}{unit}: {mean:+.3g} ± {d['std'] * scale:.2g} "
                   f"({d['wins']} of {d['n']}, p {p}): {d['verdict']}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
