@@ -56,27 +56,30 @@ def load_rows(results: Path) -> dict:
     return json.loads(path.read_text())["methods"]
 
 
-def side_values(tables: list[tuple[Path, dict]], metric: str, method: str) -> dict[int, float]:
-    """One side of a pair: the row's per-seed values, minus the same row's in the second table if given
-    (only the seeds both tables ran)."""
-    for results, rows in tables:
-        if method not in rows:
-            raise SystemExit(f"{results}: no row {method!r} (rows: {', '.join(sorted(rows))})")
-    values, *minus = [seed_values(rows[method], metric, method) for _, rows in tables]
-    if not minus:
-        return values
-    shared = sorted(set(values) & set(minus[0]))
-    if not shared:
-        raise SystemExit(f"row {method!r}: no seed in both {tables[0][0]} and {tables[1][0]}")
-    return {s: values[s] - minus[0][s] for s in shared}
+def row(results: Path, rows: dict, method: str) -> dict:
+    if method not in rows:
+        raise SystemExit(f"{results}: no row {method!r} (rows: {', '.join(sorted(rows))})")
+    return rows[method]
 
 
 def pairs_table(results: Path, pairs: list[str], minus: Path | None = None) -> list[dict]:
-    tables = [(t, load_rows(t)) for t in ([results] if minus is None else [results, minus])]
+    rows = load_rows(results)
+    minus_rows = load_rows(minus) if minus is not None else None
+
+    def side(metric: str, method: str) -> dict[int, float]:
+        """A row's per-seed values; with ``minus``, less the same row's there (the seeds both ran)."""
+        values = seed_values(row(results, rows, method), metric, method)
+        if minus_rows is None:
+            return values
+        other = seed_values(row(minus, minus_rows, method), metric, method)
+        if not set(values) & set(other):
+            raise SystemExit(f"row {method!r}: no seed in both {results} and {minus}")
+        return {s: values[s] - other[s] for s in sorted(set(values) & set(other))}
+
     out = []
     for spec in pairs:
         metric, a, b = parse_pair(spec)
-        values = [side_values(tables, metric, m) for m in (a, b)]
+        values = [side(metric, m) for m in (a, b)]
         out.append({"a": a, "b": b, "metric": metric, **paired_difference(*values),
                     "a_per_seed": values[0], "b_per_seed": values[1]})
     return out
