@@ -3,7 +3,8 @@
 # Bible (B) under a stated adaptation budget; dense and APN, all-parameter and FFN-only adaptation,
 # routing frozen after A (suite charlm-shakespeare-kjv), and APN's other locality options (LOCALITY=1:
 # per-patch encoders and a long balance horizon, each needing its own run on A).
-#   scripts/apn_repro.sh            seeds 0,1,2 (SEEDS= a subset), one job per seed, then merged
+#   scripts/apn_repro.sh            seeds 0,1,2 (SEEDS= others; the committed short table: SEEDS='0 1 2 3 4',
+#                                   seeds 3-4 added later), one run per seed, then merged
 #   scripts/apn_repro.sh merge      merge the per-seed runs and write the paired comparisons
 #   SUITE=charlm-shakespeare-kjv-long scripts/apn_repro.sh   the same, trained ten times longer on A and on B
 #   METHODS=apn-lb-horizon-all scripts/apn_repro.sh   only these rows, into seed<n>-<methods> beside the others

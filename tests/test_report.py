@@ -189,6 +189,39 @@ def test_every_seed_of_a_method_ran_with_one_pick_or_the_table_is_refused(tmp_pa
     check_picks({"methods": {"er": {"per_seed": [{"seed": 0}, {"seed": 1}]}}})  # written before picks were recorded
 
 
+def test_seeds_run_at_different_precisions_are_joined_but_marked_everywhere():
+    from hf_clroute.bench.classification import results_markdown
+    from hf_clroute.bench.report import controls_table, study_tables, summary_table
+    from hf_clroute.bench.results import mixed_precisions, precision_groups, seed_precision
+
+    def precision(**dtypes: str) -> dict:
+        return {phase: {"dtype": dtype, "phase": phase, "setting": "auto"} for phase, dtype in dtypes.items()}
+
+    assert seed_precision({"seed": 0}) == "fp32"  # ran before the setting existed
+    assert seed_precision({"precision": precision(train="bf16", eval="bf16")}) == "bf16"
+    assert seed_precision({"precision": precision(train="fp32", eval="bf16")}) == "eval bf16, train fp32"
+    mixed = _row([0.50, 0.51, 0.49, 0.50, 0.52])
+    for seed_row in mixed["per_seed"]:
+        seed_row["precision"] = precision(train="bf16" if seed_row["seed"] < 3 else "fp32")
+    assert precision_groups(mixed) == {"bf16": [0, 1, 2], "fp32": [3, 4]}
+    one = _row([0.55, 0.54, 0.56, 0.53, 0.55])  # no record on any seed: one group (fp32), no mark
+    assert precision_groups(one) == {"fp32": [0, 1, 2, 3, 4]}
+    assert mixed_precisions({"methods": {"rwf": mixed, "rwf-head-only": one}}) == {"rwf": precision_groups(mixed)}
+
+    stat = {"mean": 0.5, "std": 0.0}
+    shown = {m: {**r, "features_cached": False, "trainable_pct": 1.0, "peak_mem_mb": 1.0, "train_samples_per_s": stat,
+                 "infer_samples_per_s": stat} for m, r in {"rwf": mixed, "rwf-head-only": one}.items()}
+    table = results_markdown({"suite": "wordnet-5tasks", "seeds": [0, 1, 2, 3, 4], "methods": shown})
+    assert "| rwf‡ | 50.4 ± 1.1 |" in table and "| rwf-head-only | 54.6" in table and "‡ : its seeds ran" in table
+    assert "‡" not in results_markdown({"suite": "wordnet-5tasks", "seeds": [0, 1, 2, 3, 4],
+                                        "methods": {"rwf-head-only": shown["rwf-head-only"]}})  # no note without a mark
+    studies = study_tables({"wordnet": {"rwf": one}, "wordnet-5tasks": {"rwf": mixed}})
+    assert "| rwf | 54.6 ± 1.1 | 50.4 ± 1.1‡ | -4.2 |" in studies and "‡ : its seeds ran" in studies
+    summary = summary_table({"wordnet": {"rwf": mixed, "rwf-head-only": one}})
+    assert "| rwf | 50.4 ± 1.1‡ |" in summary and "‡ : its seeds ran" in summary
+    assert "| rwf‡ |" in controls_table({"wordnet": {"rwf": mixed, "rwf-head-only": one}})
+
+
 def test_report_runs_over_the_committed_results(tmp_path, monkeypatch):
     """The committed results.json files (written before paired verdicts, SE and edge flags) still report."""
     import shutil

@@ -26,12 +26,12 @@ from ..metrics import aggregate_runs, format_mean_std, mean_std, summarize
 from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
-from .report import EDGE_NOTE, edge_mark, se_cell, seed_count, seeds_mark
+from .report import EDGE_NOTE, PRECISION_NOTE, edge_mark, precision_mark, se_cell, seed_count, seeds_mark
 from .verdicts import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_floor, paired_cell
 from .probes import PROBE_NAME, ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
 from .relabel import rename_rows
-from .results import pick_record, write_run
+from .results import mixed_precisions, pick_record, write_run
 from .settings import RunSettings, resolve_run
 from .suites import (NOT_MEASURED, SuiteConfig, build_stream, drop_methods, load_selection, load_suite_backbone,
                      check_mergeable, joined_config)
@@ -353,6 +353,9 @@ def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (), 
         for stale in (out / "plots").glob(f"*_{method}.png"):
             stale.unlink()
     write_run(out, {**merged, "kind": "classification"}, results_markdown(merged))
+    for method, groups in mixed_precisions(merged).items():  # joined, but never silently
+        print(f"[merge] {method}: its seeds ran at different precisions ("
+              + "; ".join(f"seeds {seeds}: {dtype}" for dtype, seeds in groups.items()) + "); the tables mark it ‡")
     write_plots(merged, out / "plots")
     merge_selections(run_dirs, out, drop, rename)
     return merged
@@ -416,7 +419,7 @@ def results_markdown(results: dict) -> str:
         "classifies from (the head's own forgetting is −BWT); probe A_T: that probe's final average accuracy.\n\n"
         "SE: the test-sampling standard error of A_T (binomial, sqrt(p (1 - p) / N_test) on the fixed test set "
         f"of {results.get('test_size') or 'n/a'} examples). † : {EDGE_NOTE} A row run on fewer seeds than the "
-        "table's says how many.\n\n"
+        "table's says how many." + (f" {PRECISION_NOTE}" if mixed_precisions(results) else "") + "\n\n"
         "| method | A_T | SE | F_T | Ā | BWT | FWT | A_AUC | deep F | probe A_T | trainable % | train/s | infer/s "
         "| peak MB |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
@@ -426,7 +429,7 @@ def results_markdown(results: dict) -> str:
         fmt = functools.partial(format_mean_std, n=seed_count(m))  # "—": undefined (e.g. FWT in class-IL) or not measured
         metrics = " | ".join(fmt(m.get(k)) for k in METRIC_KEYS[1:] + PROBE_KEYS[:2])
         speed = f"{fmt(m['train_samples_per_s'], scale=1, digits=0)} | {fmt(m['infer_samples_per_s'], scale=1, digits=0)}"
-        label = f"{name}{'*' if m.get('features_cached') else ''}{edge_mark(m)}{seeds_mark(m, len(results['seeds']))}"
+        label = f"{name}{'*' if m.get('features_cached') else ''}{edge_mark(m)}{precision_mark(m)}{seeds_mark(m, len(results['seeds']))}"
         rows.append(f"| {label} | {fmt(m.get('A_T'))} | {se_cell(m, results.get('test_size'))} | {metrics} | "
                     f"{m['trainable_pct']:.2f} | {speed} | {m['peak_mem_mb']:.0f} |")
     bare = results.get("reference", {}).get("bare_backbone", {})

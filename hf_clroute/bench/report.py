@@ -18,6 +18,7 @@ from .reproduction import reproduction_table
 from .speed_report import markdown as speed_markdown
 from .headroom import READOUTS, mean_of, paired_gain, readout_edge_mark, strongest_readout
 from .grid_search import recorded_flags
+from .results import precision_groups
 from .settings import registered_method
 from .verdicts import (  # noqa: F401  (the classification runner's results.md reads them from here too)
     PAIRED_NOTE,
@@ -109,12 +110,14 @@ def study_tables(suites: dict[str, dict]) -> str:
                  "|---|---|" + "---|---|" * len(variants)]
         seeds = {name: table_seeds(suites[name]) for name in [base, *variants]}
         for method in methods:
-            cells = [_a_t(base_rows[method]) + seeds_mark(base_rows[method], seeds[base])]
+            cells = [_a_t(base_rows[method]) + precision_mark(base_rows[method]) + seeds_mark(base_rows[method], seeds[base])]
             for v in variants:
                 delta = (suites[v][method]["A_T"]["mean"] - base_rows[method]["A_T"]["mean"]) * 100
-                cells += [_a_t(suites[v][method]) + seeds_mark(suites[v][method], seeds[v]), f"{delta:+.1f}"]
+                cells += [_a_t(suites[v][method]) + precision_mark(suites[v][method]) + seeds_mark(suites[v][method], seeds[v]),
+                          f"{delta:+.1f}"]
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
-        out.append("\n".join(lines) + "\n")
+        note = precision_note([suites[name][m] for name in [base, *variants] for m in methods])
+        out.append("\n".join(lines) + "\n" + (f"\n{note}\n" if note else ""))
     return ("## Studies\n\n" + "\n".join(out) + "\n") if out else ""
 
 
@@ -133,10 +136,12 @@ def summary_table(every: dict[str, dict]) -> str:
     ]
     seeds = {name: table_seeds(rows) for name, rows in suites.items()}
     for method in methods:
-        cells = [_a_t(rows.get(method)) + edge_mark(rows.get(method)) + (seeds_mark(rows[method], seeds[name])
+        cells = [_a_t(rows.get(method)) + edge_mark(rows.get(method)) + precision_mark(rows.get(method))
+                 + (seeds_mark(rows[method], seeds[name])
                  if method in rows else "") for name, rows in suites.items()]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n"
+    note = precision_note([row for rows in suites.values() for row in rows.values()])
+    return "\n".join(lines) + ("\n\n" + note if note else "") + "\n\n"
 
 
 def edge_mark(row: dict | None) -> str:
@@ -147,6 +152,16 @@ def edge_mark(row: dict | None) -> str:
     if "grid" in selection and "pick_point" in selection:
         return "†" if recorded_flags(selection)["edge"] else ""
     return "†" if selection.get("edge") else ""
+
+
+def precision_mark(row: dict | None) -> str:
+    """"‡" for a row whose seeds ran at different precisions (:func:`~hf_clroute.bench.results.precision_groups`)."""
+    return "‡" if len(precision_groups(row or {})) > 1 else ""
+
+
+def precision_note(rows: list[dict | None]) -> str:
+    """:data:`PRECISION_NOTE` where one of ``rows`` carries the mark, else nothing."""
+    return PRECISION_NOTE if any(precision_mark(r) for r in rows) else ""
 
 
 def table_seeds(rows: dict[str, dict]) -> int:
@@ -171,6 +186,9 @@ def se_cell(row: dict | None, test_size: int | None) -> str:
 
 EDGE_NOTE = ("the pick is still on the edge of its search grid after extension, or a neighbour of it on one axis "
              "never ran at its other values (selection.json; `hf_clroute/bench/grid_search.py`).")
+PRECISION_NOTE = ("‡ : its seeds ran at different precisions (each seed's `precision` in results.json: bf16 on a CPU "
+                  "with bf16 units, fp32 on one without); the paired fp32-vs-bf16 check (BENCHMARKS.md, "
+                  "Mixed precision) found A_T within the paired noise on the suites it ran.")
 SE_NOTE = ("SE: the test-sampling standard error of A_T, sqrt(p (1 - p) / N_test) with N_test the suite's fixed "
            "test set (binomial; it leaves out the seed-to-seed spread that the std shows). † : " + EDGE_NOTE)
 
@@ -202,8 +220,9 @@ def controls_table(every: dict[str, dict], test_sizes: dict[str, int | None] | N
             c = compared[method]
             head = c["statistics_head"]
             lines.append(
-                f"| {method}{edge_mark(rows[method])} | {_a_t(rows[method])} | {se_cell(rows[method], n_test)} | "
-                f"{c['control']}{edge_mark(rows[c['control']])} | {_a_t(rows[c['control']])} | "
+                f"| {method}{edge_mark(rows[method])}{precision_mark(rows[method])} | {_a_t(rows[method])} | "
+                f"{se_cell(rows[method], n_test)} | {c['control']}{edge_mark(rows[c['control']])}"
+                f"{precision_mark(rows[c['control']])} | {_a_t(rows[c['control']])} | "
                 f"{paired_cell(c['vs_control'])} | {head or '—'} | {_a_t(rows.get(head))} | "
                 f"{paired_cell(c['vs_statistics_head']) if head else '—'} | {upper_bound_cell(rows)} |")
         lines.append("")
@@ -213,7 +232,8 @@ def controls_table(every: dict[str, dict], test_sizes: dict[str, int | None] | N
              "A_T (%), mean ± std over seeds. " + PAIRED_NOTE + " " + SE_NOTE + " The upper bound is joint "
              "training of the whole model, or, where that was not run, joint training of a head on the frozen "
              "backbone (`joint-frozen`), each at the epochs per task chosen on validation (ep.).\n\n")
-    return intro + "\n".join(lines) + "\n"
+    note = precision_note([row for rows in suites.values() for row in rows.values()])
+    return intro + "\n".join(lines) + "\n" + (note + "\n\n" if note else "")
 
 
 def adapted(row: dict) -> bool:

@@ -40,7 +40,7 @@ CLAIMS_FILE = Path("reproduction") / "claims.json"
 #: the commands that remake the results the claims read (each script's header says what it runs)
 COMMANDS = (
     "scripts/mars_ablations.sh validate && scripts/mars_ablations.sh rows && scripts/mars_ablations.sh paired",
-    "scripts/apn_repro.sh            # char-level Shakespeare, then KJV: dense vs APN, 3 seeds",
+    "SEEDS='0 1 2 3 4' scripts/apn_repro.sh   # char-level Shakespeare, then KJV: dense vs APN, 5 seeds",
     "SUITE=charlm-shakespeare-kjv-long scripts/apn_repro.sh   # the same, ten times longer (converged), 3 seeds",
     "SEEDS='0 1 2 3 4' scripts/qoa_plasticity.sh   # 7x7 permuted MNIST, 120 tasks: backprop, continual backprop, QOA",
     "scripts/room_suite.sh           # Split-MNIST-R: its backbone and its headroom study",

@@ -2,7 +2,9 @@
 
 Every per-seed row records the pick it ran with (``"selection"``: the hyper-parameters and where they were
 chosen); a table whose seeds of one method ran with different picks is refused before anything is written,
-so a merge never joins them silently.
+so a merge never joins them silently. Seeds that ran at different precisions (bf16 on a CPU with bf16 units,
+fp32 on one without) are joined, but visibly: :func:`precision_groups` names them, the merge prints them and the
+tables mark the row.
 """
 
 from __future__ import annotations
@@ -39,6 +41,29 @@ def check_picks(results: dict[str, Any]) -> None:
             raise UserInputError(f"method {method!r} of {results.get('suite')!r}: its seeds ran with different "
                                  f"picks ({found}); re-run them with one selection, or keep them in separate "
                                  "tables (another --out, or merge with --drop)")
+
+
+def seed_precision(seed_row: dict[str, Any]) -> str:
+    """The dtype one seed's row ran with: ``"fp32"`` or ``"bf16"``, or per phase (``"eval bf16, train fp32"``)
+    where its phases differ. A row that recorded none ran before the precision setting existed, in fp32."""
+    phases = {phase: (record or {}).get("dtype", "fp32") for phase, record in (seed_row.get("precision") or {}).items()}
+    if len(set(phases.values())) > 1:
+        return ", ".join(f"{phase} {dtype}" for phase, dtype in sorted(phases.items()))
+    return next(iter(phases.values()), "fp32")
+
+
+def precision_groups(row: dict[str, Any]) -> dict[str, list[int]]:
+    """A results row's seeds by the precision they ran with, e.g. ``{"bf16": [0, 1, 2], "fp32": [3, 4]}``."""
+    groups: dict[str, list[int]] = {}
+    for seed_row in row.get("per_seed") or []:
+        groups.setdefault(seed_precision(seed_row), []).append(seed_row.get("seed"))
+    return groups
+
+
+def mixed_precisions(results: dict[str, Any]) -> dict[str, dict[str, list[int]]]:
+    """The methods of a table whose seeds ran at different precisions, each with its groups of seeds."""
+    return {method: groups for method, row in (results.get("methods") or {}).items()
+            if len(groups := precision_groups(row)) > 1}
 
 
 def write_run(out: Path, results: dict[str, Any], markdown: str) -> dict[str, Any]:
