@@ -1,11 +1,15 @@
 """PNG plots of a bench run, written next to results.json and embedded in model cards.
 
 All plots read only ``results.json`` (so they can be redrawn from committed
-results) and use matplotlib's Agg backend (no display on these machines).
+results) and use matplotlib's Agg backend (no display on these machines). A plot
+folder records what it was drawn from (:data:`STAMP`), so that `hf-clroute report`
+redraws only the folders whose results or plotting code changed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+
+from ..io import atomic_write_text  # noqa: E402
 
 
 def _save(fig, path: Path) -> Path:
@@ -151,9 +157,26 @@ def forgetting_vs_buffer(results: dict[str, Any], path: Path) -> Path | None:
     return _save(fig, path)
 
 
+#: the file in a plot folder naming what its plots were drawn from (:func:`drawn_from`)
+STAMP = ".drawn-from"
+
+
+def drawn_from(results: dict[str, Any]) -> str:
+    """A fingerprint of what a run's plots show: its results and this module's code (a change to either
+    redraws them)."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(json.dumps(results, sort_keys=True, default=str).encode())
+    return digest.hexdigest()
+
+
 def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
-    """Every plot of a bench run, as PNG files in ``out``; returns their paths."""
+    """Every plot of a bench run, as PNG files in ``out``; returns their paths. A folder already drawn from
+    the same results by the same code is left as it is (drawing is most of `hf-clroute report`'s time)."""
     out.mkdir(parents=True, exist_ok=True)
+    fingerprint, stamp = drawn_from(results), out / STAMP
+    heatmaps = [out / f"accuracy_matrix_{method}.png" for method in results["methods"]]
+    if stamp.is_file() and stamp.read_text().strip() == fingerprint and all(p.is_file() for p in heatmaps):
+        return sorted(out.glob("*.png"))
     paths = [
         average_accuracy_curve(results, out / "average_accuracy.png"),
         forgetting_per_task(results, out / "forgetting_per_task.png"),
@@ -165,4 +188,5 @@ def write_plots(results: dict[str, Any], out: Path) -> list[Path]:
     ]
     for method, row in results["methods"].items():
         paths.append(accuracy_heatmap(method, row["accuracy_matrix"], out / f"accuracy_matrix_{method}.png"))
+    atomic_write_text(stamp, fingerprint + "\n")
     return [p for p in paths if p is not None]
