@@ -26,7 +26,7 @@ from ..metrics import aggregate_runs, format_mean_std, mean_std, summarize
 from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
-from .report import EDGE_NOTE, PRECISION_NOTE, edge_mark, precision_mark, se_cell, seed_count, seeds_mark
+from .report import EDGE_NOTE, PRECISION_NOTE, marks, se_cell, seed_count, seeds_mark
 from .verdicts import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_floor, paired_cell
 from .probes import PROBE_NAME, ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
@@ -429,7 +429,7 @@ def results_markdown(results: dict) -> str:
         fmt = functools.partial(format_mean_std, n=seed_count(m))  # "—": undefined (e.g. FWT in class-IL) or not measured
         metrics = " | ".join(fmt(m.get(k)) for k in METRIC_KEYS[1:] + PROBE_KEYS[:2])
         speed = f"{fmt(m['train_samples_per_s'], scale=1, digits=0)} | {fmt(m['infer_samples_per_s'], scale=1, digits=0)}"
-        label = f"{name}{'*' if m.get('features_cached') else ''}{edge_mark(m)}{precision_mark(m)}{seeds_mark(m, len(results['seeds']))}"
+        label = f"{name}{'*' if m.get('features_cached') else ''}{marks(m)}{seeds_mark(m, len(results['seeds']))}"
         rows.append(f"| {label} | {fmt(m.get('A_T'))} | {se_cell(m, results.get('test_size'))} | {metrics} | "
                     f"{m['trainable_pct']:.2f} | {speed} | {m['peak_mem_mb']:.0f} |")
     bare = results.get("reference", {}).get("bare_backbone", {})

@@ -136,9 +136,8 @@ def summary_table(every: dict[str, dict]) -> str:
     ]
     seeds = {name: table_seeds(rows) for name, rows in suites.items()}
     for method in methods:
-        cells = [_a_t(rows.get(method)) + edge_mark(rows.get(method)) + precision_mark(rows.get(method))
-                 + (seeds_mark(rows[method], seeds[name])
-                 if method in rows else "") for name, rows in suites.items()]
+        cells = [_a_t(rows.get(method)) + marks(rows.get(method))
+                 + (seeds_mark(rows[method], seeds[name]) if method in rows else "") for name, rows in suites.items()]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     note = precision_note([row for rows in suites.values() for row in rows.values()])
     return "\n".join(lines) + ("\n\n" + note if note else "") + "\n\n"
@@ -152,6 +151,11 @@ def edge_mark(row: dict | None) -> str:
     if "grid" in selection and "pick_point" in selection:
         return "†" if recorded_flags(selection)["edge"] else ""
     return "†" if selection.get("edge") else ""
+
+
+def marks(row: dict | None) -> str:
+    """The marks a row carries wherever it is named: † (an edge pick) and ‡ (mixed precisions)."""
+    return edge_mark(row) + precision_mark(row)
 
 
 def precision_mark(row: dict | None) -> str:
@@ -206,7 +210,7 @@ def controls_table(every: dict[str, dict], test_sizes: dict[str, int | None] | N
     """Each method beside its control (the same head and loss without the method's own part, named by
     ``"control"`` in its settings file) and beside the best class-statistics head, per suite: paired verdicts."""
     suites = {name: rows for name, rows in every.items() if not any(name.startswith(other + "-") for other in every)}
-    lines = []
+    lines, marked = [], []  # marked: the rows named with their marks (the ‡ note goes where one carries it)
     for suite, rows in suites.items():
         compared = comparisons(rows)
         shown = [m for m, c in compared.items() if c["control"]]
@@ -219,10 +223,10 @@ def controls_table(every: dict[str, dict], test_sizes: dict[str, int | None] | N
         for method in shown:
             c = compared[method]
             head = c["statistics_head"]
+            marked += [rows[method], rows[c["control"]]]
             lines.append(
-                f"| {method}{edge_mark(rows[method])}{precision_mark(rows[method])} | {_a_t(rows[method])} | "
-                f"{se_cell(rows[method], n_test)} | {c['control']}{edge_mark(rows[c['control']])}"
-                f"{precision_mark(rows[c['control']])} | {_a_t(rows[c['control']])} | "
+                f"| {method}{marks(rows[method])} | {_a_t(rows[method])} | {se_cell(rows[method], n_test)} | "
+                f"{c['control']}{marks(rows[c['control']])} | {_a_t(rows[c['control']])} | "
                 f"{paired_cell(c['vs_control'])} | {head or '—'} | {_a_t(rows.get(head))} | "
                 f"{paired_cell(c['vs_statistics_head']) if head else '—'} | {upper_bound_cell(rows)} |")
         lines.append("")
@@ -232,7 +236,7 @@ def controls_table(every: dict[str, dict], test_sizes: dict[str, int | None] | N
              "A_T (%), mean ± std over seeds. " + PAIRED_NOTE + " " + SE_NOTE + " The upper bound is joint "
              "training of the whole model, or, where that was not run, joint training of a head on the frozen "
              "backbone (`joint-frozen`), each at the epochs per task chosen on validation (ep.).\n\n")
-    note = precision_note([row for rows in suites.values() for row in rows.values()])
+    note = precision_note(marked)
     return intro + "\n".join(lines) + "\n" + (note + "\n\n" if note else "")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import UserInputError
 from ..io import atomic_write_text
@@ -27,14 +27,19 @@ def pick_record(selection: dict[str, Any] | None) -> dict[str, Any]:
             "validation_A_T": selection.get("pick_validation_A_T"), "edge": selection.get("edge")}
 
 
+def seeds_by(row: dict[str, Any], key: Callable[[dict[str, Any]], str]) -> dict[str, list[int]]:
+    """A results row's seeds grouped by what ``key`` reads from each seed's row, in the order first seen."""
+    groups: dict[str, list[int]] = {}
+    for seed_row in row.get("per_seed") or []:
+        groups.setdefault(key(seed_row), []).append(seed_row.get("seed"))
+    return groups
+
+
 def check_picks(results: dict[str, Any]) -> None:
     """Refuse a table where one method's seeds ran with different picks (their per-seed ``"selection"``),
     or where only some of its seeds recorded theirs; rows written before picks were recorded pass."""
     for method, row in (results.get("methods") or {}).items():
-        seeds = row.get("per_seed") or []
-        groups: dict[str, list[int]] = {}
-        for seed_row in seeds:
-            groups.setdefault(json.dumps(seed_row.get("selection"), sort_keys=True), []).append(seed_row["seed"])
+        groups = seeds_by(row, lambda seed_row: json.dumps(seed_row.get("selection"), sort_keys=True))
         if len(groups) > 1:
             found = "; ".join(f"seeds {ids}: {json.loads(key) if key != 'null' else 'not recorded'}"
                               for key, ids in groups.items())
@@ -54,10 +59,7 @@ def seed_precision(seed_row: dict[str, Any]) -> str:
 
 def precision_groups(row: dict[str, Any]) -> dict[str, list[int]]:
     """A results row's seeds by the precision they ran with, e.g. ``{"bf16": [0, 1, 2], "fp32": [3, 4]}``."""
-    groups: dict[str, list[int]] = {}
-    for seed_row in row.get("per_seed") or []:
-        groups.setdefault(seed_precision(seed_row), []).append(seed_row.get("seed"))
-    return groups
+    return seeds_by(row, seed_precision)
 
 
 def mixed_precisions(results: dict[str, Any]) -> dict[str, dict[str, list[int]]]:
