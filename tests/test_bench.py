@@ -238,3 +238,10 @@ def test_merging_runs_joins_their_selections(tmp_path):
     merged = json.loads((tmp_path / "a" / "selection.json").read_text())
     assert merged["suite"] == "split-mnist" and set(merged["methods"]) == {"rwf", "qoa"}
     assert merged["commands"] == ["hf-clroute tune ... a", "hf-clroute tune ... b"]
+    # rows taken from a folder without a selection.json: the record they ran with replaces the file's
+    # older entry, and a row that recorded no pick leaves the file's entry alone
+    ran_with = {"pick": {"training.learning_rate": 9e-3}, "grid": [], "edge": False}
+    merge_selections([tmp_path / "a", tmp_path / "b"], tmp_path / "c", drop=("old",),
+                     rows={"rwf": {"selection": ran_with}, "qoa": {"selection": None}})
+    merged = json.loads((tmp_path / "c" / "selection.json").read_text())
+    assert merged["methods"] == {"rwf": ran_with, "qoa": {"pick": {"training.learning_rate": 3e-3}}}

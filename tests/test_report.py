@@ -244,6 +244,23 @@ def test_report_runs_over_the_committed_results(tmp_path, monkeypatch):
         assert "### split-mnist" in page and "method − control" in page
 
 
+def test_each_committed_selection_json_keeps_the_picks_its_tables_rows_ran_with():
+    """selection.json beside a table is what its rows trained with (``merge_selections``), never an older search's."""
+    import json
+    from pathlib import Path
+
+    committed = Path(__file__).resolve().parents[1] / "results"
+    for selection_file in committed.glob("*/selection.json"):
+        results_file = selection_file.parent / "results.json"
+        if not results_file.is_file():
+            continue
+        entries = json.loads(selection_file.read_text())["methods"]
+        for method, row in json.loads(results_file.read_text()).get("methods", {}).items():
+            ran_with = (row.get("selection") or {}).get("pick")
+            if ran_with is not None and method in entries:
+                assert entries[method]["pick"] == ran_with, (selection_file, method)
+
+
 def test_the_adaptation_table_pairs_each_adapted_row_with_the_same_head_frozen(monkeypatch):
     from hf_clroute.bench import report, verdicts
 

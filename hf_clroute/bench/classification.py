@@ -357,17 +357,21 @@ def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (), 
         print(f"[merge] {method}: its seeds ran at different precisions ("
               + "; ".join(f"seeds {seeds}: {dtype}" for dtype, seeds in groups.items()) + "); the tables mark it ‡")
     write_plots(merged, out / "plots")
-    merge_selections(run_dirs, out, drop, rename)
+    merge_selections(run_dirs, out, drop, rename, rows=merged["methods"])
     return merged
 
 
 def merge_selections(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (),
-                     rename: dict[str, str] | None = None) -> None:
+                     rename: dict[str, str] | None = None, rows: dict[str, Any] | None = None) -> None:
     """The runs' ``selection.json`` files (from ``hf-clroute tune``) joined into ``out/selection.json``,
-    so the merged table keeps, beside it, every pick it was trained with (a later run's pick wins)."""
+    so the merged table keeps, beside it, every pick it was trained with (a later run's pick wins).
+    ``rows`` (the merged table's methods) win over the files: a method's entry is the record its rows ran
+    with, so rows taken from a folder that kept no selection.json, or an older one, leave no stale pick."""
     selections = [json.loads(f.read_text()) for f in (Path(d) / "selection.json" for d in run_dirs) if f.is_file()]
     if selections:
         merged = join_selections(selections, drop, rename)
+        merged["methods"].update({m: row["selection"] for m, row in (rows or {}).items()
+                                  if (row.get("selection") or {}).get("pick") is not None})
         atomic_write_text(out / "selection.json", json.dumps(merged, indent=2, sort_keys=True) + "\n")
 
 
