@@ -3,6 +3,9 @@
 # lr 0.01, where plain backprop loses plasticity; continual backprop and QOA on the same stream
 # (suite permuted-mnist-plasticity; QOA's support size and why are in the suite's description).
 #   scripts/qoa_plasticity.sh          seeds 0,1,2 (SEEDS= a subset), one job per seed, then merged
+#   METHODS=qoa-s1000 scripts/qoa_plasticity.sh
+#                                      QOA at the paper's support of 1000 (a named row of the suite) on the
+#                                      same seeds' streams, into its own per-seed folders, then merged
 #   scripts/qoa_plasticity.sh merge    merge the per-seed runs and write the paired comparisons
 # Output: results/qoa-plasticity (results.json, results.md, plasticity.png, paired.json).
 set -euo pipefail
@@ -15,10 +18,13 @@ merge() {
   "$BIN/hf-clroute" merge --out "$out" "$runs"/seed*
   "$BIN/python" scripts/paired_rows.py "$out" --out "$out/paired.json" \
       last_window:qoa/backprop last_window:qoa/cbp plasticity_drop:qoa/backprop plasticity_drop:cbp/backprop \
-      erank_last:qoa/backprop
+      erank_last:qoa/backprop \
+      last_window:qoa-s1000/backprop last_window:qoa-s1000/cbp plasticity_drop:qoa-s1000/backprop \
+      plasticity_drop:qoa-s1000/cbp plasticity_drop:qoa-s1000/qoa erank_last:qoa-s1000/backprop
 }
 if [ "${1:-}" = merge ]; then merge; exit 0; fi
 for seed in ${SEEDS:-0 1 2}; do
-  "$BIN/hf-clroute" bench --suite permuted-mnist-plasticity --seeds "$seed" --out "$runs/seed$seed" --no-progress
+  "$BIN/hf-clroute" bench --suite permuted-mnist-plasticity --seeds "$seed" --no-progress \
+      ${METHODS:+--methods "$METHODS"} --out "$runs/seed$seed${METHODS:+-${METHODS//,/-}}"
 done
 merge

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from hf_clroute.bench.plasticity import build_learner, load_plasticity_suite, run
@@ -40,3 +41,48 @@ def test_quick_run_writes_plasticity_and_hessian_rank_per_method(tmp_path):
         row = results["methods"][name]
         assert len(row["per_seed"][0]["newest"]) == 6
         assert {"plasticity_drop", "erank_first", "erank_last"} <= set(row)
+
+
+def test_the_paper_support_row_is_qoa_with_a_support_of_1000_in_training_and_evaluation():
+    suite = load_plasticity_suite("permuted-mnist-plasticity", quick=False)
+    learner_name, variant = suite.for_method("qoa-s1000")
+    assert learner_name == "qoa" and variant.qoa["support_size"] == variant.qoa["eval_support_size"] == 1000
+    assert variant.qoa["support_size"] <= variant.qoa["buffer_size"]
+    # only QOA's block changes: the stream and every other setting are the base rows'
+    assert {k: v for k, v in vars(variant).items() if k != "qoa"} == {k: v for k, v in vars(suite).items() if k != "qoa"}
+    assert suite.qoa["support_size"] == 100  # the base row is untouched
+    learner = build_learner(learner_name, variant, 49, seed=0).learner
+    x, y = torch.rand(1000, 49), torch.randint(0, 10, (1000,))
+    for xb, yb in zip(x.split(10), y.split(10)):
+        learner.observe(xb, yb, task=0)
+    assert len(learner.prepare(x[:5], task=0, train=True)[1]) == 1000
+    assert len(learner.prepare(x[:5], task=0, train=False)[1]) == 1000
+
+
+def test_a_variant_run_apart_merges_beside_the_base_rows_on_the_same_stream(tmp_path):
+    from hf_clroute.bench.plasticity import merge
+
+    run("permuted-mnist-plasticity", methods=["backprop", "qoa"], seeds=[0], quick=True, out=tmp_path / "base")
+    run("permuted-mnist-plasticity", methods=["qoa-s1000"], seeds=[0], quick=True, out=tmp_path / "variant")
+    merged = merge([tmp_path / "base", tmp_path / "variant"], tmp_path / "merged")
+    assert set(merged["methods"]) == {"backprop", "qoa", "qoa-s1000"}
+    base, variant = merged["methods"]["qoa"]["per_seed"][0], merged["methods"]["qoa-s1000"]["per_seed"][0]
+    assert len(variant["newest"]) == len(base["newest"]) == 6
+    assert variant["newest"] != base["newest"]  # a larger support reads the buffer differently
+
+
+@pytest.mark.parametrize("entry, message", [
+    ({"method": "sgd"}, "needs \"method\""),
+    ({"method": "qoa", "qoa": {"support_size": 10}, "optimizer": "sgd"}, "unknown key(s) ['optimizer']"),
+    ({"method": "qoa", "qoa": 10}, "qoa must be an object"),
+])
+def test_a_bad_variant_is_refused_naming_it(entry, message):
+    from hf_clroute.bench.plasticity import PlasticitySuite
+
+    with pytest.raises(ValueError, match="method_settings\\['mine'\\]") as err:
+        PlasticitySuite(name="s", kind="permuted-mnist", method_settings={"mine": entry})
+    assert message in str(err.value)
+    with pytest.raises(ValueError, match="built-in"):
+        PlasticitySuite(name="s", kind="permuted-mnist", method_settings={"qoa": {"method": "qoa"}})
+    with pytest.raises(ValueError, match="unknown plasticity method"):
+        run("permuted-mnist-plasticity", methods=["qoa-s100"], seeds=[0], quick=True, out="never-created")

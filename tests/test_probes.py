@@ -143,10 +143,12 @@ def test_deep_forgetting_measured_by_another_probe_than_the_floors_is_not_set_ag
     mixed["per_seed"][0].pop("probe")
     assert above_floor(mixed, deep_forgetting_floor({"simplecil": row([0.1] * 5, PROBE_NAME)})) is None
     results = with_verdicts({"methods": {"simplecil": floor_row, "mars-fsa-slda": row([0.3] * 5, PROBE_NAME),
-                                         "ranpac-lora": row([0.2] * 5)}})
+                                         "ranpac-lora": row([0.2] * 5), "mixed-row": mixed}})
     assert results["methods"]["mars-fsa-slda"]["deep_forgetting_above_floor"] is None
     table = floor_markdown(results)
-    assert "| ranpac-lora |" in table and "Not set against the floor: mars-fsa-slda" in table
+    assert "| ranpac-lora |" in table
+    assert (f"Not set against the floor: mars-fsa-slda (probe {PROBE_NAME}), mixed-row (probes differing by seed): "
+            "deep F measured by another probe than the floor's (an earlier probe, not recorded;") in table
 
 
 def test_the_linear_probe_lives_with_the_probes_and_records_its_l2():

@@ -27,7 +27,7 @@ from ..io import atomic_write_text
 from ..model import CLModel, get_cl_model
 from .plots import write_plots
 from .report import EDGE_NOTE, PRECISION_NOTE, marks, se_cell, seed_count, seeds_mark
-from .verdicts import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_floor, paired_cell
+from .verdicts import PAIRED_NOTE, above_floor, comparisons, deep_forgetting_floor, paired_cell, probe_of
 from .probes import PROBE_NAME, ForgettingProbes, forgetting_split
 from .routing_health import RoutingHealthRecorder, final_health, tracks_routing
 from .relabel import rename_rows
@@ -472,11 +472,18 @@ def floor_markdown(results: dict) -> str:
              "| method | deep F | deep F − floor |", "|---|---|---|"]
     lines += [f"| {m} | {format_mean_std(r.get('deep_forgetting'), n=seed_count(r))} | {paired_cell(r['deep_forgetting_above_floor'])} |"
               for m, r in rows.items() if m != floor["method"]]
-    other = [m for m, r in results["methods"].items() if r.get("deep_forgetting") and m not in rows and m != floor["method"]]
+    other = [f"{m} ({probe_label(r)})" for m, r in results["methods"].items()
+             if r.get("deep_forgetting") and m not in rows and m != floor["method"]]
     if other:
-        lines += ["", f"Not set against the floor: {', '.join(other)} (deep F measured by another probe than the "
-                      f"floor's, {floor.get('probe') or 'an earlier one, not recorded'}; see `probe` in results.json)."]
+        lines += ["", f"Not set against the floor: {', '.join(other)}: deep F measured by another probe than the "
+                      f"floor's ({probe_label(results['methods'][floor['method']])}; see `probe` in results.json)."]
     return "\n".join(lines) + "\n"
+
+
+def probe_label(row: dict) -> str:
+    """How a table names the probe that measured a row's deep forgetting."""
+    probe = probe_of(row)
+    return {None: "an earlier probe, not recorded", "mixed": "probes differing by seed"}.get(probe, f"probe {probe}")
 
 
 def routing_markdown(results: dict) -> str:

@@ -17,6 +17,10 @@ over the same stream and seeds, four online learners on raw inputs:
   :class:`QoaLearner` with QOA's config and seed, so on the same stream they hold the same
   items), replayed each step: ``support_size`` items of one stored task, drawn uniformly.
 
+A suite's ``method_settings`` names further rows, each one of these learners with some of the
+suite's blocks overridden, e.g. ``"qoa-s1000": {"method": "qoa", "qoa": {"support_size": 1000}}``:
+the same stream and seeds, so a variant is paired with every other row seed by seed.
+
 Plasticity diagnostics, per task: accuracy (MSE for regression) on the newest task's test
 split after training on it (plasticity), accuracy on a spread of earlier tasks every few
 tasks (forgetting), and the effective rank of the loss Hessian w.r.t. the *last layer's*
@@ -57,6 +61,8 @@ from .results import write_run
 from .suites import load_suite, merge_seed_runs
 
 ALL_METHODS = ("qoa", "full_attention", "backprop", "cbp", "backprop-memory", "cbp-memory")
+#: the suite blocks a named variant (``method_settings``) may override, key by key
+VARIANT_BLOCKS = ("qoa", "mlp", "attention")
 
 
 @dataclass
@@ -85,11 +91,40 @@ class PlasticitySuite:
     qoa: dict[str, Any] = field(default_factory=dict)
     attention: dict[str, Any] = field(default_factory=dict)
     methods: list[str] = field(default_factory=lambda: list(ALL_METHODS))
+    #: named rows: {"name": {"method": one of ALL_METHODS, "description": ..., "qoa"/"mlp"/"attention": overrides}}
+    method_settings: dict[str, dict[str, Any]] = field(default_factory=dict)
     quick: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, entry in self.method_settings.items():
+            where = f"suite {self.name!r}: method_settings[{name!r}]"
+            if name in ALL_METHODS:
+                raise ValueError(f"{where} reuses a built-in method's name; give the variant its own")
+            if not isinstance(entry, dict) or entry.get("method") not in ALL_METHODS:
+                raise ValueError(f"{where} needs \"method\": one of {list(ALL_METHODS)}")
+            unknown = sorted(set(entry) - {"method", "description", *VARIANT_BLOCKS})
+            if unknown:
+                raise ValueError(f"{where} has unknown key(s) {unknown}; known: method, description, "
+                                 f"{', '.join(VARIANT_BLOCKS)}")
+            bad = [k for k in VARIANT_BLOCKS if not isinstance(entry.get(k, {}), dict)]
+            if bad:
+                raise ValueError(f"{where}: {bad[0]} must be an object of overrides")
 
     @property
     def regression(self) -> bool:
         return self.kind == "drifting-regression"
+
+    @property
+    def known_methods(self) -> list[str]:
+        return [*ALL_METHODS, *self.method_settings]
+
+    def for_method(self, method: str) -> tuple[str, "PlasticitySuite"]:
+        """(the learner ``method`` runs, this suite with the method's overrides applied)."""
+        entry = self.method_settings.get(method)
+        if entry is None:
+            return method, self
+        overrides = {k: {**getattr(self, k), **entry[k]} for k in VARIANT_BLOCKS if k in entry}
+        return entry["method"], dataclasses.replace(self, **overrides)
 
 
 @dataclass
@@ -433,7 +468,8 @@ def old_task_ids(t: int, k: int) -> list[int]:
 
 
 def run_stream(method: str, suite: PlasticitySuite, tasks: list[Task], seed: int) -> dict[str, Any]:
-    learner = build_learner(method, suite, tasks[0].x_train.shape[1], seed)
+    learner_name, suite = suite.for_method(method)
+    learner = build_learner(learner_name, suite, tasks[0].x_train.shape[1], seed)
     newest, old, erank, erank_normalised = [], [], [], []
     started = time.perf_counter()
     for t, task in enumerate(tasks):
@@ -509,9 +545,9 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
     """Entry point of ``hf-clroute bench`` for the plasticity suites (see the module docstring)."""
     suite = load_plasticity_suite(name_or_path, quick)
     methods = list(methods or suite.methods)
-    unknown = [m for m in methods if m not in ALL_METHODS]
+    unknown = [m for m in methods if m not in suite.known_methods]
     if unknown:  # before --out is created: a typo leaves no empty run directory behind
-        raise ValueError(f"unknown plasticity method(s) {unknown}; known: {list(ALL_METHODS)}")
+        raise ValueError(f"unknown plasticity method(s) {unknown}; known: {suite.known_methods}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     make_tasks = drifting_regression_tasks if suite.regression else permuted_mnist_tasks
