@@ -147,8 +147,8 @@ def test_deep_forgetting_measured_by_another_probe_than_the_floors_is_not_set_ag
     assert results["methods"]["mars-fsa-slda"]["deep_forgetting_above_floor"] is None
     table = floor_markdown(results)
     assert "| ranpac-lora |" in table
-    assert (f"Not set against the floor: mars-fsa-slda (probe {PROBE_NAME}), mixed-row (probes differing by seed): "
-            "deep F measured by another probe than the floor's (an earlier probe, not recorded;") in table
+    assert ("Not set against the floor, their deep F measured by another probe than the floor's (an earlier probe, "
+            f"not recorded): mars-fsa-slda (probe {PROBE_NAME}); mixed-row (probes differing by seed).") in table
 
 
 def test_the_linear_probe_lives_with_the_probes_and_records_its_l2():

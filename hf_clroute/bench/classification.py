@@ -472,11 +472,14 @@ def floor_markdown(results: dict) -> str:
              "| method | deep F | deep F − floor |", "|---|---|---|"]
     lines += [f"| {m} | {format_mean_std(r.get('deep_forgetting'), n=seed_count(r))} | {paired_cell(r['deep_forgetting_above_floor'])} |"
               for m, r in rows.items() if m != floor["method"]]
-    other = [f"{m} ({probe_label(r)})" for m, r in results["methods"].items()
-             if r.get("deep_forgetting") and m not in rows and m != floor["method"]]
+    other: dict[str, list[str]] = {}  # probe label -> rows measured by it
+    for m, r in results["methods"].items():
+        if r.get("deep_forgetting") and m not in rows and m != floor["method"]:
+            other.setdefault(probe_label(r), []).append(m)
     if other:
-        lines += ["", f"Not set against the floor: {', '.join(other)}: deep F measured by another probe than the "
-                      f"floor's ({probe_label(results['methods'][floor['method']])}; see `probe` in results.json)."]
+        groups = "; ".join(f"{', '.join(names)} ({label})" for label, names in other.items())
+        lines += ["", f"Not set against the floor, their deep F measured by another probe than the floor's "
+                      f"({probe_label(results['methods'][floor['method']])}): {groups}. See `probe` in results.json."]
     return "\n".join(lines) + "\n"
 
 
