@@ -46,6 +46,7 @@ COMMANDS = (
     "SEEDS='0 1 2 3 4' METHODS=qoa-s1000 scripts/qoa_plasticity.sh   # QOA at the paper's support of 1000, same streams",
     "scripts/reproduce_tables.sh     # drifting-regression, permuted-mnist, split-mnist-buffer (3 seeds)",
     "scripts/main_tables.sh all      # the main tables: the ER and EWC rows MaRS is set against",
+    "python training/prompt_share.py --out results/prompt-share.json   # RwF's and the prompt methods' parameter shares",
     "scripts/room_suite.sh           # Split-MNIST-R: its backbone and its headroom study",
     "SEEDS=0,1,2 scripts/main_tables.sh counts   # wordnet in 5/10/20/40 tasks: RwF, its control, streaming LDA",
     "hf-clroute report               # this page",
