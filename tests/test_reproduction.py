@@ -86,6 +86,19 @@ def test_near_reads_one_number_from_a_file(tmp_path):
     assert assess(off, tmp_path)["status"] == "not reproduced"
 
 
+def test_near_with_two_sides_holds_their_ratio_to_the_target(tmp_path):
+    _results(tmp_path, "lm", {"big": [1114240] * 3, "small": [526848] * 3})  # the same count on every seed
+    claim = {"paper": "P", "claim": "about 2.2x the parameters", "paper_figure": "2.2x", "setting": "s",
+             "compare": "near", "target": 2.2, "tolerance": 0.2, "a": {"results": "lm", "method": "big", "metric": "A_T"},
+             "b": {"results": "lm", "method": "small", "metric": "A_T"}}
+    got = assess(load_claims(_write_claims(tmp_path, [claim]))[0], tmp_path)
+    assert got["status"] == "reproduced" and abs(got["ratio"] - 1114240 / 526848) < 1e-12 and got["paired"] is None
+    strict = assess(load_claims(_write_claims(tmp_path, [dict(claim, tolerance=0.05, isolating_run="r")]))[0], tmp_path)
+    assert strict["status"] == "not reproduced"
+    row = [line for line in reproduction_table(tmp_path).splitlines() if "2.2x the" in line][0]
+    assert "ratio 2.11x (no paired test)" in row
+
+
 @pytest.mark.parametrize("bad, field", [
     ({"compare": "bigger"}, "compare"),
     ({"compare": "ratio_at_least"}, "target"),

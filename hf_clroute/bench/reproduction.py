@@ -17,7 +17,9 @@ and which committed results measure it). Everything else is computed here from t
 
 A claim's ``compare`` is one of ``greater`` (a > b), ``less`` (a < b), ``ratio_at_least``
 (mean a / mean b >= ``target``, a > b), ``ratio_at_most`` (mean a / mean b <= ``target``, a < b), and
-``near`` (one side, no b: abs(mean a - target) <= ``tolerance``; "reproduced" when it holds).
+``near`` (abs(mean a - target) <= ``tolerance``, "reproduced" when it holds; with a side b, the ratio
+mean a / mean b is held to the target instead, e.g. a parameter count against another's: no paired test,
+for counts that do not vary by seed).
 
 A side reads ``metric`` of ``method`` in each ``per_seed`` row of ``results/<results>/results.json``, or,
 when ``results`` names a ``.json`` file and no method is given, the one number at the dotted ``metric``
@@ -142,8 +144,8 @@ class Claim:
                 if sides[name].minus is not None and sides[name].method is None:
                     raise UserInputError(f"{where}: field {name!r}: 'minus' subtracts a method's per-seed rows; "
                                          "name its 'method'")
-        if compare == "near" and "b" in sides:
-            raise UserInputError(f"{where}: a 'near' claim measures one side 'a' against its target, no 'b'")
+        if compare == "near" and "b" in sides and "a" not in sides:
+            raise UserInputError(f"{where}: a 'near' claim measures side 'a' (or the ratio a / b) against its target")
         if compare != "near" and ("a" in sides) != ("b" in sides):
             raise UserInputError(f"{where}: a {compare!r} claim measures both sides 'a' and 'b', or neither")
         return cls(paper=raw["paper"], claim=raw["claim"], paper_figure=raw["paper_figure"],
@@ -166,11 +168,15 @@ def assess(claim: Claim, root: Path) -> dict:
         return out
     if claim.compare == "near":
         a = claim.a.per_seed(root)
-        if a is None:
+        b = claim.b.per_seed(root) if claim.b is not None else None
+        if a is None or (claim.b is not None and b is None):
             return out
         out["a"] = mean_std(list(a.values()))
-        out["status"] = ("reproduced" if abs(out["a"]["mean"] - claim.target) <= claim.tolerance
-                         else "not reproduced")
+        measured = out["a"]["mean"]
+        if b is not None:
+            out["b"] = mean_std(list(b.values()))
+            measured = out["ratio"] = out["a"]["mean"] / out["b"]["mean"]
+        out["status"] = "reproduced" if abs(measured - claim.target) <= claim.tolerance else "not reproduced"
         return _checked(claim, out)
     a, b = claim.a.per_seed(root), claim.b.per_seed(root)
     if a is None or b is None:
@@ -210,7 +216,7 @@ _RELATION = {"better": "a > b", "worse": "a < b"}
 
 def _paired_cell(paired: dict | None, ratio: float | None) -> str:
     if paired is None:
-        return "n/a"
+        return "n/a" if ratio is None else f"ratio {ratio:.2f}x (no paired test)"
     p = "n/a" if paired["p"] is None else ("< 0.001" if paired["p"] < 0.001 else f"{paired['p']:.3f}")
     # "better"/"worse" would read against claims where lower wins (perplexity, a drop), so the cell says a > b.
     verdict = _RELATION.get(paired["verdict"], paired["verdict"])
