@@ -7,7 +7,8 @@
 #                                      QOA at the paper's support of 1000 (a named row of the suite) on the
 #                                      same seeds' streams, into its own per-seed folders, then merged; the
 #                                      same for the controls: METHODS=backprop-memory (backprop with QOA's
-#                                      buffer and task heads), METHODS=full_attention
+#                                      buffer and task heads; backprop-memory-s1000 replays 1000 items a step),
+#                                      METHODS=full_attention
 #   scripts/qoa_plasticity.sh merge    merge the per-seed runs and write the paired comparisons
 # Output: results/qoa-plasticity (results.json, results.md, plasticity.png, paired.json).
 set -euo pipefail
@@ -25,6 +26,7 @@ merge() {
                            plasticity_drop:qoa-s1000/cbp plasticity_drop:qoa-s1000/qoa erank_last:qoa-s1000/backprop)
   has backprop-memory && pairs+=(final_old:qoa/backprop-memory final_old:qoa-s1000/backprop-memory
                                  last_window:qoa/backprop-memory)
+  has backprop-memory-s1000 && pairs+=(final_old:qoa-s1000/backprop-memory-s1000 last_window:qoa-s1000/backprop-memory-s1000)
   has full_attention && pairs+=(last_window:qoa/full_attention final_old:qoa/full_attention
                                 last_window:qoa-s1000/full_attention)
   "$BIN/python" scripts/paired_rows.py "$out" --out "$out/paired.json" "${pairs[@]}"
