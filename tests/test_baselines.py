@@ -12,6 +12,7 @@ from transformers import AutoTokenizer, BertModel, GPT2LMHeadModel, ViTModel
 
 from hf_clroute import CLConfig, ContinualTrainer, TrainingConfig, get_cl_model
 from hf_clroute.backbones import char_lm_config, offline_model_path, tiny_bert_config, tiny_vit_config
+from hf_clroute.bench.classification import summarize_result
 from hf_clroute.baselines import (
     ERConfig,
     EWCConfig,
@@ -294,6 +295,26 @@ def test_joint_stream_at_task_t_covers_tasks_up_to_t(image_stream):
     assert again == labels  # the same seed gives the same order
 
 
+def test_joint_final_trains_only_at_the_last_task_on_every_task(image_stream):
+    model = get_cl_model(tiny_vit(), JointConfig(shuffle_seed=3, schedule="final"))
+    start = copy.deepcopy(model.adapter_state_dict())
+    result = fit(model, image_stream, image_collator())
+    # one step count per task: nothing at task 0, the union of both tasks (16 + 16 rows, batch 8) at task 1
+    assert result.global_step == -(-sum(len(e.train) for e in image_stream) // 8)
+    assert any(not torch.equal(start[k], v) for k, v in model.adapter_state_dict().items())
+    fresh = get_cl_model(tiny_vit(), JointConfig(shuffle_seed=3, schedule="final")).method
+    fresh.check_stream(len(image_stream))  # the trainer tells the method the stream's length
+    assert len(fresh.training_stream(image_stream[0], image_stream[:1], epochs=1)) == 0
+    # its earlier rows score the untrained model: the summary says n/a rather than a forgetting figure
+    assert result.records["undefined_metrics"] == ["A_bar", "F_T", "BWT", "A_AUC"]
+    row = summarize_result(result, "class")
+    assert row["A_T"] == pytest.approx(sum(result.accuracy_matrix[-1]) / 2)
+    assert all(row[k] is None for k in ("A_bar", "F_T", "BWT", "A_AUC"))
+    cumulative = fit(get_cl_model(tiny_vit(), JointConfig(shuffle_seed=3)), image_stream, image_collator())
+    assert "undefined_metrics" not in cumulative.records
+    assert summarize_result(cumulative, "class")["F_T"] is not None
+
+
 @pytest.mark.parametrize(
     "make, field",
     [
@@ -304,6 +325,7 @@ def test_joint_stream_at_task_t_covers_tasks_up_to_t(image_stream):
         (lambda: ERConfig(buffer_size=0), "buffer_size"),
         (lambda: LwFConfig(temperature=0), "temperature"),
         (lambda: EWCConfig(gamma=1.5), "gamma"),
+        (lambda: JointConfig(schedule="offline"), "schedule"),
     ],
 )
 def test_config_validation_names_the_field(make, field):

@@ -73,6 +73,9 @@ def test_the_controls_table_names_its_upper_bound_joint_else_joint_frozen():
     assert table.rstrip().endswith("| joint-frozen 85.0 ± 0.0 |")
     table = controls_table({"mnist": rows | {"joint": _row([0.95] * 5, edge=True)}})
     assert table.rstrip().endswith("| joint† 95.0 ± 0.0 |")  # an edge pick is marked wherever it is shown
+    # the offline form (trained once, on every task) stands in where the cumulative one was not run
+    assert controls_table({"mnist": rows | {"joint-offline": _row([0.93] * 5)}}).rstrip().endswith(
+        "| joint-offline 93.0 ± 0.0 |")
     rows["joint-frozen"]["settings"] = {"training": {"epochs": 4}}  # the epochs validation chose
     assert controls_table({"mnist": rows}).rstrip().endswith("| joint-frozen 85.0 ± 0.0 (4 ep.) |")
     assert controls_table({"mnist": {"rwf": _row([0.5]), "rwf-head-only": _row([0.5])}}).rstrip().endswith("| — |")

@@ -38,6 +38,8 @@ from .suites import (NOT_MEASURED, SuiteConfig, build_stream, drop_methods, load
 
 METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
 PROBE_KEYS = ("deep_forgetting", "probe_A_T", "snr_final")
+UNDEFINED_NOTE = ("A row that trains only at the last task (joint-offline: the offline upper bound) has A_T alone; "
+                  "its Ā, F_T, BWT and A_AUC would score the untrained model, so they are —. ")
 ROUTING_KEYS = ("routing_entropy_ratio", "routing_top_weight", "routing_same_top_token")
 
 
@@ -146,6 +148,7 @@ def summarize_result(result: StreamResult, scenario: str) -> dict[str, Any]:
         "peak_mem_mb": result.peak_mem_mb,
         "wall_s": None,
     }
+    row |= {key: None for key in result.records.get("undefined_metrics", ())}  # n/a, not a misleading number
     probes = result.records.get("probes", {})
     if probes.get("final"):
         diag = [p["probe_accuracy"] for p in probes["diag"]]
@@ -230,7 +233,8 @@ def run_bench(
                 print(f"[{suite.name}] {method}: settings from {', '.join(layers)} (all values: results.json)")
             if seed == seeds[0]:  # one adapter per method, for `hf-clroute push`
                 model.save_pretrained(out / "adapters" / method)
-            print(f"[{suite.name}] seed {seed} {method}: A_T={row['A_T']:.3f} F_T={row['F_T']:.3f} ({row['wall_s']:.0f}s)")
+            f_t = "n/a" if row["F_T"] is None else f"{row['F_T']:.3f}"
+            print(f"[{suite.name}] seed {seed} {method}: A_T={row['A_T']:.3f} F_T={f_t} ({row['wall_s']:.0f}s)")
     results = {
         "kind": "classification",
         "suite": suite.name,
@@ -419,7 +423,8 @@ def results_markdown(results: dict) -> str:
         "Accuracies in %, mean ± std over seeds. Throughput in samples/s (training excludes evaluation). "
         "Methods marked * ran on cached frozen features: their throughput excludes the backbone.\n\n"
         "FWT is undefined (—) in class-incremental runs: the next task's classes are unreachable. "
-        "Deep F: forgetting of a linear probe over all classes seen so far, on the features the method "
+        + (UNDEFINED_NOTE if any(m.get("A_T") and m.get("A_bar") is None for m in results["methods"].values()) else "")
+        + "Deep F: forgetting of a linear probe over all classes seen so far, on the features the method "
         "classifies from (the head's own forgetting is −BWT); probe A_T: that probe's final average accuracy.\n\n"
         "SE: the test-sampling standard error of A_T (binomial, sqrt(p (1 - p) / N_test) on the fixed test set "
         f"of {results.get('test_size') or 'n/a'} examples). † : {EDGE_NOTE} A row run on fewer seeds than the "

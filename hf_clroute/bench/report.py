@@ -29,8 +29,9 @@ from .verdicts import (  # noqa: F401  (the classification runner's results.md r
     is_gain,
     paired_cell,
 )
-#: the upper bound of a suite's table: joint training, else joint training of a head on the frozen backbone
-UPPER_BOUNDS = ("joint", "joint-frozen")
+#: the upper bound of a suite's table: joint training (cumulative, else offline), else joint training of a head
+#: on the frozen backbone
+UPPER_BOUNDS = ("joint", "joint-offline", "joint-frozen")
 
 HEADER = """# Benchmarks
 
@@ -234,8 +235,9 @@ def controls_table(every: dict[str, dict], test_sizes: dict[str, int | None] | N
         return ""
     intro = ("## Methods against their controls and the strongest simple baseline\n\n"
              "A_T (%), mean ± std over seeds. " + PAIRED_NOTE + " " + SE_NOTE + " The upper bound is joint "
-             "training of the whole model, or, where that was not run, joint training of a head on the frozen "
-             "backbone (`joint-frozen`), each at the epochs per task chosen on validation (ep.).\n\n")
+             "training of the whole model (`joint`: at every task on the tasks so far; `joint-offline`: once, at "
+             "the last task, on every task), or, where neither was run, joint training of a head on the frozen "
+             "backbone (`joint-frozen`), each at the epochs chosen on validation (ep.).\n\n")
     note = precision_note(marked)
     return intro + "\n".join(lines) + "\n" + (note + "\n\n" if note else "")
 

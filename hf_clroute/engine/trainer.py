@@ -283,6 +283,8 @@ class ContinualTrainer:
         start_task = self._resume(resume_from) if resume_from else 0
         self.result.records["precision"] = {phase: choice.to_dict() for phase, choice in self.precision.items()}
         self.result.records["threads"] = dict(self.threads)
+        if self.model.method.undefined_metrics:
+            self.result.records["undefined_metrics"] = list(self.model.method.undefined_metrics)
         if cfg.progress and accelerator.is_main_process:
             log_line(describe(self.precision, self.threads))
         if not self.result.untrained_accuracy:  # b_j: the model before any training, adaptation included

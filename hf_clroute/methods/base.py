@@ -92,6 +92,9 @@ class ContinualMethod(nn.Module):
     #: linear head. Off by default: most methods need no per-step state to train their adapter, and
     #: their bookkeeping (e.g. APN's patch usage) would otherwise count the phase as part of task 0.
     hooks_during_adaptation: bool = False
+    #: summary metrics this method's accuracy matrix cannot give (reported as n/a), e.g. joint training's
+    #: final form, whose rows before the last task score an untrained model.
+    undefined_metrics: tuple[str, ...] = ()
 
     def __init__(self, config: CLConfig) -> None:
         super().__init__()
