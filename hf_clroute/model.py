@@ -118,10 +118,21 @@ class CLModel(nn.Module):
         results: every backbone tensor is frozen, no backbone module was replaced or wrapped by an
         adapter (routed attention, LoRA, patch FFNs), no hook changes its forward (visual prompts),
         and the method reads the backbone's own pooled features."""
+        return self._fixed_features(wrappers=("hf_clroute", "peft"))
+
+    def reads_fixed_features(self) -> bool:
+        """True when the features the classifier reads can no longer change: :meth:`reads_frozen_features`,
+        or a frozen PEFT adapter (LoRA after first-session adaptation), whose eval-mode forward is a fixed
+        function of the input. The trainer then scores a test split from features computed once; the
+        bench's cache of the *bare* backbone's features still needs :meth:`reads_frozen_features`.
+        Our own modules (routed attention, patch FFNs) may carry state the stream changes: not counted."""
+        return self._fixed_features(wrappers=("hf_clroute",))
+
+    def _fixed_features(self, wrappers: tuple[str, ...]) -> bool:
         if self.spec.modality == "lm" or any(p.requires_grad for p in self.backbone.parameters()):
             return False
         for module in self.backbone.modules():
-            if type(module).__module__.startswith(("hf_clroute", "peft")):
+            if type(module).__module__.startswith(wrappers):
                 return False
             if module._forward_hooks or module._forward_pre_hooks:
                 return False

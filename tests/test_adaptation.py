@@ -274,3 +274,22 @@ def test_a_non_finite_adaptation_stops_before_the_stream(stream):
     with pytest.raises(NonFiniteTrainingError, match=r"first-session adaptation stopped at step 1 .*lora"):
         trainer.fit()
     assert trainer.result.records.get("adaptation") is None  # it never finished
+
+
+def test_a_frozen_adapter_scores_from_test_features_computed_once(stream):
+    """After first-session adaptation a LoRA adapter is frozen: its features are a fixed function of the input,
+    so each test split is encoded once and scored from then on, with the same accuracies as encoding it at every
+    evaluation (the cache off)."""
+    config = LoraBaselineConfig(head="lda", adaptation={"epochs": 2})
+    cached_trainer, cached = fit(config, stream, evals_per_task=3)
+    model = cached_trainer.model
+    assert model.reads_fixed_features() and not model.reads_frozen_features()  # the bare backbone's cache: no
+    assert set(cached_trainer._frozen_features) == {0, 1}
+    plain_trainer, plain = fit(LoraBaselineConfig(head="lda", adaptation={"epochs": 2}), stream, evals_per_task=3,
+                               eval_cache_examples=0)
+    assert not plain_trainer._frozen_features
+    np.testing.assert_allclose(cached.accuracy_matrix, plain.accuracy_matrix, atol=1e-9)
+    np.testing.assert_allclose(cached.anytime, plain.anytime, atol=1e-9)
+    # a LoRA that still trains reads features that change: nothing is cached
+    online = get_cl_model(dropout_vit(), LoraBaselineConfig())
+    assert not online.reads_fixed_features()

@@ -502,13 +502,14 @@ class ContinualTrainer:
 
     def _frozen_test_batches(self, task_id: int) -> list[dict[str, torch.Tensor]] | None:
         """Task ``task_id``'s test batches as backbone features, computed at its first evaluation, when
-        the model reads only frozen backbone features (they cannot change during the run), the split's
-        batches are kept (``eval_cache_examples``) and one process evaluates; else None."""
+        the model's features can no longer change (``CLModel.reads_fixed_features``: a frozen backbone, or
+        an adapter frozen after first-session adaptation), the split's batches are kept
+        (``eval_cache_examples``) and one process evaluates; else None."""
         if task_id in self._frozen_features:
-            return self._frozen_features[task_id] if self.model.reads_frozen_features() else None
+            return self._frozen_features[task_id] if self.model.reads_fixed_features() else None
         test = self.stream[task_id].test
         if (self.accelerator.num_processes > 1 or not self._eval_cache.admits(test)
-                or "features" in getattr(test, "column_names", ()) or not self.model.reads_frozen_features()):
+                or "features" in getattr(test, "column_names", ()) or not self.model.reads_fixed_features()):
             return None
         started = time.perf_counter()
         batches = feature_batches(self.model, self._test_loaders[task_id], precision=self.precision["features"])
