@@ -227,6 +227,11 @@ class CLModel(nn.Module):
             "trainable_pct": 100.0 * trainable / max(backbone_total, 1),
         }
 
+    def backbone_parameters(self) -> list[nn.Parameter]:
+        """The backbone's own parameters as loaded, recorded by identity before the method attached: a method
+        may add modules inside the backbone's blocks, which ``backbone.parameters()`` would then include."""
+        return [t for t in self._original_tensors if isinstance(t, nn.Parameter)]
+
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """Every tensor the adapter owns: all but the frozen, untouched backbone tensors."""
         # A method that trains the backbone may freeze parts of it for a while (APN's

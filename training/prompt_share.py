@@ -49,9 +49,7 @@ def count(method: str, tasks: int, classes: int) -> dict:
         model.method.on_task_start(model, SimpleNamespace(name=f"task{task}"), ctx)
         if task < tasks - 1:
             model.method.on_task_end(model, SimpleNamespace(name=f"task{task}"), ctx)
-    # the backbone's own tensors, recorded by identity before the method attached (a method may add
-    # modules inside the backbone's blocks, which backbone.parameters() would then include)
-    original = [t for t in model._original_tensors if isinstance(t, torch.nn.Parameter)]
+    original = model.backbone_parameters()  # not backbone.parameters(): a method may add modules inside it
     backbone = sum(p.numel() for p in original)
     owned = {id(p) for p in original} | {id(p) for p in model.head.parameters()}
     added = sum(p.numel() for p in model.parameters() if id(p) not in owned)
