@@ -230,3 +230,46 @@ def test_resume_reads_the_earlier_runs_and_only_the_new_extensions_train(tiny_su
                        resume=tmp_path / "old.json")["methods"]["finetune"]["precision"] == "fp32"
     with pytest.raises(ValueError, match="max_extensions"):
         tuning.tune(suite, ["finetune"], tmp_path / "x", max_extensions=-1)
+
+
+def test_a_stopped_search_continues_from_the_scores_it_measured(tiny_suite, tmp_path, monkeypatch):
+    """Each score is kept as soon as it is measured: a search stopped part-way (here, killed at its 5th
+    configuration) is continued by the same command, which trains only what is left and picks what an
+    unbroken search picks; the progress file goes once the pick is in selection.json."""
+    from hf_clroute.bench.suites import SuiteConfig
+
+    monkeypatch.delenv("HF_CLROUTE_PRECISION", raising=False)
+    data = json.loads(open(tiny_suite).read())
+    path = tmp_path / "tiny-val.json"
+    path.write_text(json.dumps({**data, "validation_per_class": 4}))
+    suite = SuiteConfig.load(str(path))
+    trained, stop_at = [], [5]
+
+    def run_method(suite, method, seed, *, selected, **kwargs):
+        if len(trained) + 1 == stop_at[0]:
+            raise KeyboardInterrupt  # the sitting ends
+        trained.append(selected[LR])
+        return selected, None, None
+
+    monkeypatch.setattr(tuning, "run_method", run_method)
+    peak = _score_peaked_at(**{LR: 1e-3, "training.weight_decay": 1e-2})
+    monkeypatch.setattr(tuning, "summarize_result", lambda point, scenario: {"A_T": peak(point)})
+    out = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt):
+        tuning.tune(suite, ["finetune"], out)
+    progress = json.loads((out / tuning.PROGRESS_FILE).read_text())["finetune"]
+    assert len(progress["scores"]) == 4 and not (out / "selection.json").exists()
+    done, stop_at[0] = list(trained), 0
+    record = tuning.tune(suite, ["finetune"], out)["methods"]["finetune"]
+    assert len(trained) - len(done) == BUDGET - 4 and record["progress_read"] == 4  # nothing trained twice
+    assert not (out / tuning.PROGRESS_FILE).exists()
+    trained.clear()
+    fresh = tuning.tune(suite, ["finetune"], tmp_path / "fresh")["methods"]["finetune"]
+    assert len(trained) == BUDGET  # a finished search leaves no progress behind: a new one measures afresh
+    assert {k: v for k, v in record.items() if k != "progress_read"} == fresh
+    # another seed's search does not read this one's scores
+    stop_at[0] = len(trained) + 2
+    with pytest.raises(KeyboardInterrupt):
+        tuning.tune(suite, ["finetune"], tmp_path / "seeds")
+    stop_at[0] = 0
+    assert "progress_read" not in tuning.tune(suite, ["finetune"], tmp_path / "seeds", seed=1)["methods"]["finetune"]

@@ -32,6 +32,14 @@ split carved from the training data (``validation_per_class``), one seed (``seed
 default 0); the best validation A_T is picked (ties: the first run). ``selection.json``
 records the grid, every score, every extension and the pick; ``hf-clroute bench
 --selection`` trains with the picks and copies the record into results.json.
+
+**A stopped search loses nothing.** Each configuration's score is written to
+``tune-progress.json`` beside selection.json as soon as it is measured (atomically). A tune of
+the same method, suite, seed, grid and precision setting into the same ``--out`` reads those
+scores instead of running them again, and says how many it read (``"progress_read"`` in the
+record), so a search longer than one sitting (wordnet's whole-model rows on a CPU) finishes over
+several. A method's entry is removed once its pick is in selection.json (``--resume`` continues
+from there), so a later search after a code change measures afresh.
 """
 
 from __future__ import annotations
@@ -163,6 +171,49 @@ def recorded_search(resume: Path, suite: str, method: str, grid: list[Point], se
     return {_key(point): score for point, score in runs}, record.get("extensions", [])
 
 
+PROGRESS_FILE = "tune-progress.json"
+
+
+class SearchProgress:
+    """The scores measured so far by unfinished searches in ``out``, one entry per method, each
+    valid only for the suite, seed, grid and precision setting it was measured with."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / PROGRESS_FILE
+        self.entries: dict[str, Any] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def _entry(self, method: str, suite: str, seed: int, grid: list[Point], precision: str) -> dict | None:
+        """``method``'s entry if it was measured by this very search (suite, seed, grid, precision)."""
+        entry = self.entries.get(method)
+        identity = {"suite": suite, "seed": seed, "grid": grid, "precision": precision}
+        return entry if entry and all(entry.get(k) == v for k, v in identity.items()) else None
+
+    def scores(self, method: str, suite: str, seed: int, grid: list[Point], precision: str) -> dict[str, float]:
+        """The scores recorded for this very search of ``method``; {} for another search's."""
+        entry = self._entry(method, suite, seed, grid, precision)
+        return dict(entry["scores"]) if entry else {}
+
+    def record(self, method: str, suite: str, seed: int, grid: list[Point], precision: str, point: Point,
+               score: float) -> None:
+        entry = self._entry(method, suite, seed, grid, precision)
+        if entry is None:  # a first score, or another search's entry, which this one replaces
+            entry = self.entries[method] = {"suite": suite, "seed": seed, "grid": grid, "precision": precision,
+                                            "scores": {}}
+        entry["scores"][_key(point)] = score
+        self._write()
+
+    def finish(self, method: str) -> None:
+        if self.entries.pop(method, None) is not None:
+            self._write()
+
+    def _write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.entries:
+            atomic_write_text(self.path, json.dumps(self.entries, indent=2, sort_keys=True) + "\n")
+        else:
+            self.path.unlink(missing_ok=True)
+
+
 def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, command: str | None = None,
          progress: bool = False, max_extensions: int = MAX_EXTENSIONS, resume: Path | None = None) -> dict[str, Any]:
     if not suite.validation_per_class:
@@ -188,13 +239,20 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
     if any(frozen for _, _, frozen, _, _, _ in plans.values()):
         cached_stream, _ = cache_stream_features(backbone, stream, collator)
     record: dict[str, Any] = {}
+    progress_file = SearchProgress(out)
     for method, (config, trains, frozen, grid, known, earlier) in plans.items():
         reused = []
+        measured = progress_file.scores(method, suite.name, seed, grid, precision)  # a stopped run of this search
+        if measured:
+            print(f"[tune {suite.name}] {method}: {len(measured)} configurations read from "
+                  f"{progress_file.path} (measured by a stopped run of this search)", flush=True)
 
         def score(point: Point) -> float:
             if _key(point) in known:  # resumed: the earlier search ran this point
                 reused.append(point)
                 return known[_key(point)]
+            if _key(point) in measured:
+                return measured[_key(point)]
             started = time.perf_counter()
             result, _, _ = run_method(
                 quiet, method, seed, stream=cached_stream if frozen else stream,
@@ -204,6 +262,7 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
             a_t = summarize_result(result, suite.scenario)["A_T"]
             print(f"[tune {suite.name}] {method} {point}: validation A_T {a_t:.4f} "
                   f"({time.perf_counter() - started:.0f}s)", flush=True)
+            progress_file.record(method, suite.name, seed, grid, precision, point, a_t)
             return a_t
 
         def valid(point: Point) -> bool:
@@ -217,6 +276,7 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
         record[method] = {**found, "pick": selected(found["pick_point"], config), "seed": seed, "trains": trains,
                           "metric": "A_T on the validation split", "max_extensions": max_extensions,
                           "precision": precision,
+                          **({"progress_read": len(measured)} if measured else {}),
                           **({"resumed": {"from": str(resume), "runs_read": len(reused) + sum(e["point"] not in grid for e in earlier)}} if resume else {})}
     selection = {"suite": suite.name, "methods": record, "learning_rates": list(LEARNING_RATES),
                  "weight_decays": list(WEIGHT_DECAYS), "budget": BUDGET, "max_extensions": MAX_EXTENSIONS,
@@ -229,4 +289,6 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
             selection["commands"] = previous.get("commands", []) + selection["commands"]
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(selection, indent=2, sort_keys=True) + "\n")
+    for method in record:  # their scores are in selection.json now (--resume continues from there)
+        progress_file.finish(method)
     return selection
