@@ -4,6 +4,11 @@
 # headroom-wordnet-cpu).
 #   scripts/fsa_tables.sh                  the image suites' tables and headroom tests
 #   scripts/fsa_tables.sh extra <suite>    only the added rows (EXTRA= a subset)
+#   scripts/fsa_tables.sh wordnet          WordNet's first-session-adaptation rows (ADAPTERS= a subset; default
+#                                          ranpac-lora), each tuned on validation (seed 0) and run on seeds 0-2
+#                                          and 3-4 side by side, then added to results/wordnet beside their
+#                                          controls (ranpac-gcv, simplecil) and the statistics heads; about an
+#                                          hour a row here (a stopped search continues: tune-progress.json)
 #   scripts/fsa_tables.sh headroom-wordnet WordNet's headroom test, one job per seed and adapter
 #                                          (SEEDS=, ADAPTERS= subsets), two at a time, then merged
 #                                          into the committed study
@@ -59,7 +64,22 @@ headroom_wordnet() {
   if [ -f "$out/results.json" ]; then earlier=("$out"); fi
   "$BIN/hf-clroute" merge --out "$out" "${earlier[@]}" "$parts"/s*
 }
+wordnet_rows() {
+  dirs=()
+  for m in ${ADAPTERS:-ranpac-lora}; do
+    out=results/wordnet.parts/fsa-$m
+    "$BIN/hf-clroute" tune --suite wordnet --methods "$m" --seed 0 --out "$out" --no-progress --precision fp32
+    "$BIN/hf-clroute" bench --suite wordnet --methods "$m" --seeds 0,1,2 --out "$out" \
+        --selection "$out/selection.json" --no-progress --precision fp32 &
+    "$BIN/hf-clroute" bench --suite wordnet --methods "$m" --seeds 3,4 --out "$out-s34" \
+        --selection "$out/selection.json" --no-progress --precision fp32
+    wait
+    dirs+=("$out" "$out-s34")
+  done
+  "$BIN/hf-clroute" merge --out results/wordnet results/wordnet "${dirs[@]}"
+}
 if [ "${1:-}" = extra ]; then extra "$2"; exit; fi
+if [ "${1:-}" = wordnet ]; then wordnet_rows; "$BIN/hf-clroute" report; exit; fi
 if [ "${1:-}" = headroom-wordnet ]; then headroom_wordnet; "$BIN/hf-clroute" report; exit; fi
 (fsa split-mnist; headroom headroom-split-mnist-cpu; extra split-mnist) &
 (fsa split-fashion; headroom headroom-split-fashion-cpu; extra split-fashion)
