@@ -194,7 +194,12 @@ counts() {  # [methods]: the task-count study; each suite's runs land in results
 
 room_joint() {  # the offline form: the cumulative one costs 3x as much on the 6-block ViT
   local out=results/split-mnist-r.parts/joint-offline s dirs=()
-  "$BIN/hf-clroute" tune --suite split-mnist-r --methods joint-offline --seed 0 --out "$out" --no-progress --precision fp32
+  # its search (138 CPU-minutes) is committed: the seeds run from it unless TUNE=1 searches again
+  if [ -z "${TUNE:-}" ] && [ -f results/split-mnist-r/joint-offline-selection.json ]; then
+    mkdir -p "$out" && cp results/split-mnist-r/joint-offline-selection.json "$out/selection.json"
+  else
+    "$BIN/hf-clroute" tune --suite split-mnist-r --methods joint-offline --seed 0 --out "$out" --no-progress --precision fp32
+  fi
   for s in ${SEEDS//,/ }; do  # one job per seed, two at a time: each lands whole, whatever stops later
     "$BIN/hf-clroute" bench --suite split-mnist-r --methods joint-offline --seeds "$s" --out "$out-s$s" \
         --selection "$out/selection.json" --no-progress --precision fp32 &
