@@ -194,7 +194,7 @@ counts() {  # [methods]: the task-count study; each suite's runs land in results
 
 room_joint() {  # the offline form: the cumulative one costs 3x as much on the 6-block ViT
   local out=results/split-mnist-r.parts/joint-offline s dirs=()
-  # its search (138 CPU-minutes) is committed: the seeds run from it unless TUNE=1 searches again
+  # its search (2-3 CPU-hours here) is committed: the seeds run from it unless TUNE=1 searches again
   if [ -z "${TUNE:-}" ] && [ -f results/split-mnist-r/joint-offline-selection.json ]; then
     mkdir -p "$out" && cp results/split-mnist-r/joint-offline-selection.json "$out/selection.json"
   else

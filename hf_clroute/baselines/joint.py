@@ -68,7 +68,10 @@ class JointTraining(ContinualMethod):
         self.n_tasks = n_tasks
 
     def training_stream(self, experience, seen, epochs):
-        if self.config.schedule == "final" and experience.task_id < (self.n_tasks or 0) - 1:
+        if self.config.schedule == "final" and self.n_tasks is None:
+            raise ValueError("JointConfig.schedule='final' needs the stream's length before training "
+                             "(ContinualTrainer calls check_stream); call method.check_stream(n_tasks) first")
+        if self.config.schedule == "final" and experience.task_id < self.n_tasks - 1:
             return experience.train.select([])  # nothing to train before the last task
         # The trainer seeds torch with TrainingConfig.seed at fit(): its initial seed is the run's.
         seed = self.config.shuffle_seed if self.config.shuffle_seed is not None else torch.initial_seed()
