@@ -352,3 +352,44 @@ def test_cached_features_follow_the_features_precision_and_stay_float32(stream, 
     assert torch.equal(cached["fp32"], cached[None])  # auto: the tiny ViT was never measured faster in bf16
     assert not torch.equal(cached["fp32"], cached["bf16"])
     assert torch.allclose(cached["fp32"], cached["bf16"], atol=0.1, rtol=0.05)
+
+
+def test_probes_keep_fixed_training_features_with_the_same_records(stream):
+    """While the features cannot change (a frozen backbone), the forgetting probe reads each task's
+    training features from the task end that computed them: the same records as recomputing them
+    at every task end, one pass fewer over task 0's training split on a 2-task stream. A backbone
+    that trained since its features were kept is read afresh."""
+    from hf_clroute.bench.probes import PROBE_BATCH_SIZE, ForgettingProbes
+
+    cfg = tiny_vit_config()
+    collator = ImageCollator(cfg.image_size, num_channels=cfg.num_channels)
+    runs = {}
+    for keep in (True, False):
+        torch.manual_seed(0)
+        model = get_cl_model(ViTModel(cfg), FinetuneConfig(freeze_backbone=True, head_init_seed=0))
+        calls = []
+        hook = torch.nn.modules.module.register_module_forward_pre_hook(
+            lambda module, args, _calls=calls: _calls.append(1) if isinstance(module, ViTModel) else None)
+        training = TrainingConfig(batch_size=8, progress=False)
+        try:
+            result = ContinualTrainer(model, stream, training, collator, make_accelerator(training, cpu=True),
+                                      callbacks=[ForgettingProbes(keep_train_features=keep)]).fit()
+        finally:
+            hook.remove()
+        runs[keep] = (result.accuracy_matrix, result.records["probes"], len(calls))
+    assert runs[True][:2] == runs[False][:2]
+    assert runs[False][2] - runs[True][2] == -(-len(stream[0].train) // PROBE_BATCH_SIZE)
+
+    # the same callback on a backbone whose weights moved between task ends computes them again
+    torch.manual_seed(0)
+    model = get_cl_model(ViTModel(cfg), FinetuneConfig(freeze_backbone=True, head_init_seed=0))
+    training = TrainingConfig(batch_size=8, progress=False)
+    trainer = ContinualTrainer(model, stream, training, collator, make_accelerator(training, cpu=True))
+    probes = ForgettingProbes()
+    trainer.result.records = {}
+    probes.on_task_end(trainer, 0)
+    kept = probes._train_features[0][0].clone()
+    with torch.no_grad():
+        next(model.backbone.parameters()).add_(1.0)
+    probes.on_task_end(trainer, 1)
+    assert not torch.equal(probes._train_features[0][0], kept)

@@ -167,13 +167,24 @@ def feature_snr(x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def probe_seen_tasks(model, experiences: list, collator: Callable, train_per_task: int | None = PROBE_TRAIN_PER_TASK,
-                     test_features: Callable[[int], tuple | None] | None = None) -> list[dict[str, float]]:
+                     test_features: Callable[[int], tuple | None] | None = None,
+                     train_features: dict[int, tuple] | None = None) -> list[dict[str, float]]:
     """One probe over every class of ``experiences`` (the tasks seen so far), scored on each one's test split.
 
     ``test_features(j)`` may give task j's test (features, labels) as computed already (by the
     evaluation just run, in batches of :data:`PROBE_BATCH_SIZE`: the same numbers), else None.
+    ``train_features``, when given, holds task j's training (features, labels) by j: read where
+    present, filled where not (the caller keeps it only while the features cannot change).
     """
-    train = [model_features(model, e.train, collator, limit=train_per_task) for e in experiences]
+    train = []
+    for j, experience in enumerate(experiences):
+        if train_features is None or j not in train_features:
+            features = model_features(model, experience.train, collator, limit=train_per_task)
+            if train_features is None:
+                train.append(features)
+                continue
+            train_features[j] = features
+        train.append(train_features[j])
     predict = fit_probe(torch.cat([x for x, _ in train]), torch.cat([y for _, y in train]))
     scores = []
     for j, experience in enumerate(experiences):
@@ -193,19 +204,44 @@ def forgetting_split(accuracy_matrix, probe_diag, probe_final) -> dict[str, obje
     return {"head_per_task": head, "deep_per_task": deep, "head": mean(head), "deep": mean(deep)}
 
 
+def _weights_fingerprint(model) -> torch.Tensor:
+    """Per backbone tensor, its sum and sum of squares: any training step changes it."""
+    with torch.no_grad():
+        return torch.stack([torch.stack([p.double().sum(), p.double().square().sum()])
+                            for p in model.backbone.parameters()])
+
+
 class ForgettingProbes(Callback):
     """Engine callback: after task t, the probe over tasks 0..t scores task t (``diag``: A*_tt);
     after the last task it scores every task (``final``: A*_Tj)."""
 
     name = "probes"
 
+    def __init__(self, keep_train_features: bool = True) -> None:
+        # Task j's training features, kept while the model reads fixed features
+        # (``CLModel.reads_fixed_features``: a frozen backbone, or a LoRA frozen after first-session
+        # adaptation): then every later task end reads them instead of running the backbone over
+        # task j's training split again (t + 1 passes at task t, most of a bench seed's forward
+        # passes on a 5-task stream). Any task end whose features can change empties them.
+        self.keep_train_features = keep_train_features
+        self._train_features: dict[int, tuple] = {}
+        self._owner: tuple[int, torch.Tensor] | None = None
+
     def on_task_end(self, trainer: "ContinualTrainer", task_id: int) -> None:
         records = self.records(trainer)
         # The boundary row just scored these test splits; its features are the probe's when its
         # batches were the probe's.
         same_batches = trainer.config.eval_batch_size == PROBE_BATCH_SIZE
+        fixed = self.keep_train_features and trainer.model.reads_fixed_features()
+        # kept features stand only for the run and backbone weights they were computed with (a
+        # method could unfreeze the backbone within a task and freeze it again by its end)
+        owner = (id(trainer), _weights_fingerprint(trainer.model)) if fixed else None
+        kept = self._owner
+        if owner is None or kept is None or owner[0] != kept[0] or not torch.equal(owner[1], kept[1]):
+            self._train_features, self._owner = {}, owner
         scores = probe_seen_tasks(trainer.model, trainer.stream[: task_id + 1], trainer.collator,
-                                  test_features=trainer.test_features if same_batches else None)
+                                  test_features=trainer.test_features if same_batches else None,
+                                  train_features=self._train_features if fixed else None)
         records.setdefault("diag", []).append(scores[task_id])
         if task_id == len(trainer.stream) - 1:
             records["final"] = scores
