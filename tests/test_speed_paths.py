@@ -356,8 +356,8 @@ def test_cached_features_follow_the_features_precision_and_stay_float32(stream, 
 
 def test_probes_keep_fixed_training_features_with_the_same_records(stream):
     """While the features cannot change (a frozen backbone), the forgetting probe reads each task's
-    training features from the task end that computed them: the same records as recomputing them
-    at every task end, one pass fewer over task 0's training split on a 2-task stream. A backbone
+    training and test features from the task end that computed them: the same records as recomputing them
+    at every task end, one pass fewer over task 0's splits on a 2-task stream. A backbone
     that trained since its features were kept is read afresh."""
     from hf_clroute.bench.probes import PROBE_BATCH_SIZE, ForgettingProbes
 
@@ -370,15 +370,17 @@ def test_probes_keep_fixed_training_features_with_the_same_records(stream):
         calls = []
         hook = torch.nn.modules.module.register_module_forward_pre_hook(
             lambda module, args, _calls=calls: _calls.append(1) if isinstance(module, ViTModel) else None)
-        training = TrainingConfig(batch_size=8, progress=False)
+        # wordnet's evaluation batches (128) are not the probe's (256): the probe computes test features too
+        training = TrainingConfig(batch_size=8, progress=False, eval_batch_size=128)
         try:
             result = ContinualTrainer(model, stream, training, collator, make_accelerator(training, cpu=True),
-                                      callbacks=[ForgettingProbes(keep_train_features=keep)]).fit()
+                                      callbacks=[ForgettingProbes(keep_features=keep)]).fit()
         finally:
             hook.remove()
         runs[keep] = (result.accuracy_matrix, result.records["probes"], len(calls))
     assert runs[True][:2] == runs[False][:2]
-    assert runs[False][2] - runs[True][2] == -(-len(stream[0].train) // PROBE_BATCH_SIZE)
+    # task 1's end reads task 0's training and test features (one batch each) from task 0's end
+    assert runs[False][2] - runs[True][2] == -(-len(stream[0].train) // PROBE_BATCH_SIZE) + 1
 
     # the same callback on a backbone whose weights moved between task ends computes them again
     torch.manual_seed(0)
@@ -388,8 +390,8 @@ def test_probes_keep_fixed_training_features_with_the_same_records(stream):
     probes = ForgettingProbes()
     trainer.result.records = {}
     probes.on_task_end(trainer, 0)
-    kept = probes._train_features[0][0].clone()
+    kept = probes._kept["train", 0][0].clone()
     with torch.no_grad():
         next(model.backbone.parameters()).add_(1.0)
     probes.on_task_end(trainer, 1)
-    assert not torch.equal(probes._train_features[0][0], kept)
+    assert not torch.equal(probes._kept["train", 0][0], kept)

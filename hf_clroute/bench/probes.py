@@ -168,28 +168,28 @@ def feature_snr(x: torch.Tensor, y: torch.Tensor) -> float:
 
 def probe_seen_tasks(model, experiences: list, collator: Callable, train_per_task: int | None = PROBE_TRAIN_PER_TASK,
                      test_features: Callable[[int], tuple | None] | None = None,
-                     train_features: dict[int, tuple] | None = None) -> list[dict[str, float]]:
+                     kept: dict[tuple[str, int], tuple] | None = None) -> list[dict[str, float]]:
     """One probe over every class of ``experiences`` (the tasks seen so far), scored on each one's test split.
 
     ``test_features(j)`` may give task j's test (features, labels) as computed already (by the
     evaluation just run, in batches of :data:`PROBE_BATCH_SIZE`: the same numbers), else None.
-    ``train_features``, when given, holds task j's training (features, labels) by j: read where
-    present, filled where not (the caller keeps it only while the features cannot change).
+    ``kept``, when given, holds (features, labels) by (split, j): read where present, filled where
+    not (the caller keeps it only while the features cannot change).
     """
-    train = []
-    for j, experience in enumerate(experiences):
-        if train_features is None or j not in train_features:
-            features = model_features(model, experience.train, collator, limit=train_per_task)
-            if train_features is None:
-                train.append(features)
-                continue
-            train_features[j] = features
-        train.append(train_features[j])
+    def features(split: str, j: int, limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if kept is not None and (split, j) in kept:
+            return kept[split, j]
+        computed = (test_features(j) if split == "test" and test_features is not None else None) \
+            or model_features(model, getattr(experiences[j], split), collator, limit=limit)
+        if kept is not None:
+            kept[split, j] = computed
+        return computed
+
+    train = [features("train", j, train_per_task) for j in range(len(experiences))]
     predict = fit_probe(torch.cat([x for x, _ in train]), torch.cat([y for _, y in train]))
     scores = []
-    for j, experience in enumerate(experiences):
-        kept = test_features(j) if test_features is not None else None
-        x_test, y_test = kept if kept is not None else model_features(model, experience.test, collator)
+    for j in range(len(experiences)):
+        x_test, y_test = features("test", j)
         accuracy = (predict(x_test) == y_test).double().mean().item()
         scores.append({"probe_accuracy": accuracy, "snr": feature_snr(x_test, y_test)})
     return scores
@@ -217,14 +217,15 @@ class ForgettingProbes(Callback):
 
     name = "probes"
 
-    def __init__(self, keep_train_features: bool = True) -> None:
-        # Task j's training features, kept while the model reads fixed features
+    def __init__(self, keep_features: bool = True) -> None:
+        # Task j's training and test features, kept while the model reads fixed features
         # (``CLModel.reads_fixed_features``: a frozen backbone, or a LoRA frozen after first-session
         # adaptation): then every later task end reads them instead of running the backbone over
-        # task j's training split again (t + 1 passes at task t, most of a bench seed's forward
-        # passes on a 5-task stream). Any task end whose features can change empties them.
-        self.keep_train_features = keep_train_features
-        self._train_features: dict[int, tuple] = {}
+        # task j's splits again (t + 1 passes at task t: 36 passes over a task's training split on
+        # wordnet's 8 tasks, against the 8 that train). Any task end whose features can change
+        # empties them.
+        self.keep_features = keep_features
+        self._kept: dict[tuple[str, int], tuple] = {}
         self._owner: tuple[int, torch.Tensor] | None = None
 
     def on_task_end(self, trainer: "ContinualTrainer", task_id: int) -> None:
@@ -232,16 +233,16 @@ class ForgettingProbes(Callback):
         # The boundary row just scored these test splits; its features are the probe's when its
         # batches were the probe's.
         same_batches = trainer.config.eval_batch_size == PROBE_BATCH_SIZE
-        fixed = self.keep_train_features and trainer.model.reads_fixed_features()
+        fixed = self.keep_features and trainer.model.reads_fixed_features()
         # kept features stand only for the run and backbone weights they were computed with (a
         # method could unfreeze the backbone within a task and freeze it again by its end)
         owner = (id(trainer), _weights_fingerprint(trainer.model)) if fixed else None
         kept = self._owner
         if owner is None or kept is None or owner[0] != kept[0] or not torch.equal(owner[1], kept[1]):
-            self._train_features, self._owner = {}, owner
+            self._kept, self._owner = {}, owner
         scores = probe_seen_tasks(trainer.model, trainer.stream[: task_id + 1], trainer.collator,
                                   test_features=trainer.test_features if same_batches else None,
-                                  train_features=self._train_features if fixed else None)
+                                  kept=self._kept if fixed else None)
         records.setdefault("diag", []).append(scores[task_id])
         if task_id == len(trainer.stream) - 1:
             records["final"] = scores
