@@ -273,3 +273,55 @@ def test_a_stopped_search_continues_from_the_scores_it_measured(tiny_suite, tmp_
         tuning.tune(suite, ["finetune"], tmp_path / "seeds")
     stop_at[0] = 0
     assert "progress_read" not in tuning.tune(suite, ["finetune"], tmp_path / "seeds", seed=1)["methods"]["finetune"]
+
+
+def test_joint_training_final_form_scores_its_epochs_from_one_run_with_separate_runs_scores(tiny_suite, tmp_path,
+                                                                                              monkeypatch):
+    """Joint training's final form trains once, on one stream read E times in the same order, so its e-epoch
+    run is the first e epochs of its E-epoch run: tune scores the 1/2/4/8-epoch points of a learning rate
+    from one 8-epoch run, read on validation at each epoch's end, and every score is what a separate run
+    measures (real training on a tiny suite)."""
+    from hf_clroute.bench.suites import SuiteConfig
+
+    monkeypatch.delenv("HF_CLROUTE_PRECISION", raising=False)
+    data = json.loads(open(tiny_suite).read())
+    path = tmp_path / "tiny-val.json"
+    # 8 training examples a class after validation's 8, 4 classes, batches of 8: 4 steps an epoch; 32
+    # validation examples, so a score moves in steps of 1/32
+    path.write_text(json.dumps({**data, "validation_per_class": 8, "probe_forgetting": False}))
+    suite = SuiteConfig.load(str(path))
+    runs, real_run = [], tuning.run_method
+
+    def run_method(suite, method, seed, *, selected, **kwargs):
+        runs.append(selected["training.epochs"])
+        return real_run(suite, method, seed, selected=selected, **kwargs)
+
+    monkeypatch.setattr(tuning, "run_method", run_method)
+    shared = tuning.tune(suite, ["joint-offline"], tmp_path / "shared", max_extensions=0)["methods"]["joint-offline"]
+    assert runs == [8, 8, 8]  # one run per learning rate
+    assert [r["read_at_epochs"] for r in shared["shared_epochs"]] == [[1, 2, 4]] * 3
+    runs.clear()
+    monkeypatch.setattr(tuning, "epoch_siblings", lambda point, grid, done: [])
+    separate = tuning.tune(suite, ["joint-offline"], tmp_path / "separate", max_extensions=0)["methods"]["joint-offline"]
+    assert runs == [1, 2, 4, 8] * 3 and "shared_epochs" not in separate
+    assert shared["validation_A_T"] == pytest.approx(separate["validation_A_T"], abs=1e-12)
+    assert len(set(separate["validation_A_T"])) > 3  # the epochs and rates do move the score
+    assert shared["pick_point"] == separate["pick_point"]
+
+
+def test_epochs_are_not_shared_when_an_epoch_ends_inside_a_batch(tiny_suite, tmp_path, monkeypatch):
+    """With batches of 7 over 32 examples an epoch's last batch would take the next epoch's first rows in a
+    longer run, so the e-epoch run is not its prefix: every point runs alone."""
+    from hf_clroute.bench.suites import SuiteConfig
+
+    monkeypatch.delenv("HF_CLROUTE_PRECISION", raising=False)
+    data = json.loads(open(tiny_suite).read())
+    path = tmp_path / "tiny-val.json"
+    path.write_text(json.dumps({**data, "validation_per_class": 8, "probe_forgetting": False,
+                                "training": {**data["training"], "batch_size": 7}}))
+    runs = []
+    monkeypatch.setattr(tuning, "run_method", lambda suite, method, seed, *, selected, **kwargs: (
+        runs.append(selected["training.epochs"]) or selected, None, None))
+    monkeypatch.setattr(tuning, "summarize_result", lambda point, scenario: {"A_T": point["training.epochs"] / 10})
+    record = tuning.tune(SuiteConfig.load(str(path)), ["joint-offline"], tmp_path, max_extensions=0)
+    assert runs == [1, 2, 4, 8] * 3 and "shared_epochs" not in record["methods"]["joint-offline"]

@@ -63,6 +63,8 @@ class JointTraining(ContinualMethod):
         self.n_tasks: int | None = None
         # the final form's earlier rows score an untrained model: only its last row means anything
         self.undefined_metrics = ("A_bar", "F_T", "BWT", "A_AUC") if config.schedule == "final" else ()
+        # the final form reads one shuffled union ``epochs`` times in the same order (training_stream)
+        self.epochs_share_prefix = config.schedule == "final"
 
     def check_stream(self, n_tasks: int) -> None:
         self.n_tasks = n_tasks

@@ -33,6 +33,14 @@ default 0); the best validation A_T is picked (ties: the first run). ``selection
 records the grid, every score, every extension and the pick; ``hf-clroute bench
 --selection`` trains with the picks and copies the record into results.json.
 
+**Epochs share a run where they can.** A method whose e-epoch run is exactly the first e epochs
+of its E-epoch run (``ContinualMethod.epochs_share_prefix``: joint training's final form, which
+trains once on one stream read E times in the same order) scores the grid points that differ only
+in ``training.epochs`` from one run at the largest of them, evaluated on validation at each smaller
+epoch count's last step (an anytime evaluation), when every epoch ends on a whole batch. The scores
+are those of separate runs (up to float summation order; tests/test_tune.py), at the cost of the
+longest one; ``"shared_epochs"`` in the record lists those runs.
+
 **A stopped search loses nothing.** Each configuration's score is written to
 ``tune-progress.json`` beside selection.json as soon as it is measured (atomically). A tune of
 the same method, suite, seed, grid and precision setting into the same ``--out`` reads those
@@ -143,6 +151,19 @@ def _key(point: Point) -> str:
     return json.dumps(point, sort_keys=True)
 
 
+EPOCHS = "training.epochs"
+
+
+def epoch_siblings(point: Point, grid: list[Point], done: dict[str, float]) -> list[int]:
+    """The epochs, ascending, of ``point`` and of the grid points that differ from it only in
+    ``training.epochs`` and have no score yet (``done``, by point); [] when ``point`` sets no epochs."""
+    if EPOCHS not in point:
+        return []
+    rest = {k: v for k, v in point.items() if k != EPOCHS}
+    return sorted({point[EPOCHS]} | {p[EPOCHS] for p in grid if EPOCHS in p and _key(p) not in done
+                                     and {k: v for k, v in p.items() if k != EPOCHS} == rest})
+
+
 def recorded_search(resume: Path, suite: str, method: str, grid: list[Point], seed: int,
                     precision: str, explicit: bool) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """The validation A_T of every point an earlier search of ``method`` ran (``resume``: its selection.json),
@@ -232,17 +253,19 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
         grid = search_grid(method, trains)
         known, earlier = (recorded_search(resume, suite.name, method, grid, seed, precision,
                                           explicit=source != "default") if resume else ({}, []))
-        plans[method] = (config, trains, frozen, grid, known, earlier)
+        plans[method] = (config, trains, frozen, grid, known, earlier, model.method.epochs_share_prefix)
         del model
     stream = decode_stream_if_small(validation_stream(build_stream(suite, seed)), collator)
+    train_examples = sum(len(e.train) for e in stream)
     cached_stream = None
-    if any(frozen for _, _, frozen, _, _, _ in plans.values()):
+    if any(plan[2] for plan in plans.values()):
         cached_stream, _ = cache_stream_features(backbone, stream, collator)
     record: dict[str, Any] = {}
     progress_file = SearchProgress(out)
-    for method, (config, trains, frozen, grid, known, earlier) in plans.items():
-        reused = []
+    for method, (config, trains, frozen, grid, known, earlier, share_epochs) in plans.items():
+        reused, shared = [], []
         measured = progress_file.scores(method, suite.name, seed, grid, precision)  # a stopped run of this search
+        progress_read = len(measured)
         if measured:
             print(f"[tune {suite.name}] {method}: {len(measured)} configurations read from "
                   f"{progress_file.path} (measured by a stopped run of this search)", flush=True)
@@ -253,17 +276,33 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
                 return known[_key(point)]
             if _key(point) in measured:
                 return measured[_key(point)]
+            epochs = epoch_siblings(point, grid, done={**known, **measured}) if share_epochs else []
+            batch = resolve_run(quiet, method, seed, selected=selected(point, config)).training.batch_size
+            if len(epochs) < 2 or train_examples % batch:  # one run per point
+                epochs = [point.get(EPOCHS)]
+            longest = {**point, EPOCHS: epochs[-1]} if len(epochs) > 1 else point
             started = time.perf_counter()
             result, _, _ = run_method(
                 quiet, method, seed, stream=cached_stream if frozen else stream,
-                collator=FeatureCollator() if frozen else None, selected=selected(point, config),
-                progress=progress, eval_every=0, evals_per_task=0,
+                collator=FeatureCollator() if frozen else None, selected=selected(longest, config),
+                progress=progress, eval_every=train_examples // batch if len(epochs) > 1 else 0, evals_per_task=0,
             )
-            a_t = summarize_result(result, suite.scenario)["A_T"]
-            print(f"[tune {suite.name}] {method} {point}: validation A_T {a_t:.4f} "
-                  f"({time.perf_counter() - started:.0f}s)", flush=True)
-            progress_file.record(method, suite.name, seed, grid, precision, point, a_t)
-            return a_t
+            # the e-epoch scores: the anytime evaluations at each epoch's last step (the stream's only
+            # training is the last task's, so the global step counts from its start)
+            at_step = dict(map(tuple, result.anytime)) if len(epochs) > 1 else {}
+            scores = {e: at_step[e * train_examples // batch] for e in epochs[:-1]}
+            scores[epochs[-1]] = summarize_result(result, suite.scenario)["A_T"]
+            seconds = time.perf_counter() - started
+            if len(epochs) > 1:
+                shared.append({"point": longest, "read_at_epochs": epochs[:-1]})
+            for e, a_t in scores.items():
+                scored = {**point, EPOCHS: e} if len(epochs) > 1 else point
+                how = f", read at epoch {e} of the {epochs[-1]}-epoch run" if len(epochs) > 1 and e != epochs[-1] else ""
+                print(f"[tune {suite.name}] {method} {scored}: validation A_T {a_t:.4f} ({seconds:.0f}s{how})",
+                      flush=True)
+                progress_file.record(method, suite.name, seed, grid, precision, scored, a_t)
+                measured[_key(scored)] = a_t
+            return measured[_key(point)]
 
         def valid(point: Point) -> bool:
             try:
@@ -276,7 +315,8 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
         record[method] = {**found, "pick": selected(found["pick_point"], config), "seed": seed, "trains": trains,
                           "metric": "A_T on the validation split", "max_extensions": max_extensions,
                           "precision": precision,
-                          **({"progress_read": len(measured)} if measured else {}),
+                          **({"progress_read": progress_read} if progress_read else {}),
+                          **({"shared_epochs": shared} if shared else {}),
                           **({"resumed": {"from": str(resume), "runs_read": len(reused) + sum(e["point"] not in grid for e in earlier)}} if resume else {})}
     selection = {"suite": suite.name, "methods": record, "learning_rates": list(LEARNING_RATES),
                  "weight_decays": list(WEIGHT_DECAYS), "budget": BUDGET, "max_extensions": MAX_EXTENSIONS,

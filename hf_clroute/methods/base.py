@@ -95,6 +95,10 @@ class ContinualMethod(nn.Module):
     #: summary metrics this method's accuracy matrix cannot give (reported as n/a), e.g. joint training's
     #: final form, whose rows before the last task score an untrained model.
     undefined_metrics: tuple[str, ...] = ()
+    #: True when the method trains once, at the last task, on one stream read ``epochs`` times in the same
+    #: order: its e-epoch run is then the first e epochs of its E-epoch run, and ``hf-clroute tune`` scores
+    #: both from one run (joint training's final form).
+    epochs_share_prefix: bool = False
 
     def __init__(self, config: CLConfig) -> None:
         super().__init__()
