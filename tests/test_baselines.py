@@ -315,6 +315,19 @@ def test_joint_final_trains_only_at_the_last_task_on_every_task(image_stream):
     assert summarize_result(cumulative, "class")["F_T"] is not None
 
 
+def test_joint_spreads_its_anytime_evaluations_over_every_task_it_reads(image_stream):
+    """Joint training's task t reads tasks 0..t: its anytime evaluations are spread over that union's steps
+    (the stream has no length, so the method says how much it reads), not over the last task's share."""
+    model = get_cl_model(tiny_vit(), JointConfig(shuffle_seed=3))
+    config = TrainingConfig(batch_size=4, learning_rate=1e-3, progress=False, evals_per_task=4, epochs=2)
+    result = ContinualTrainer(model, image_stream, config, image_collator(), make_accelerator(config, cpu=True)).fit()
+    task0 = 2 * len(image_stream[0].train) // 4  # 8 steps
+    union = 2 * sum(len(e.train) for e in image_stream) // 4  # 16 steps
+    assert model.method.training_examples(image_stream[1], image_stream, 2) == 4 * union
+    steps = [step for step, _ in result.anytime]
+    assert steps == [2, 4, 6, 8] + [task0 + k for k in (4, 8, 12, 16)]
+
+
 @pytest.mark.parametrize(
     "make, field",
     [

@@ -69,6 +69,11 @@ class JointTraining(ContinualMethod):
     def check_stream(self, n_tasks: int) -> None:
         self.n_tasks = n_tasks
 
+    def training_examples(self, experience, seen, epochs):
+        if self.config.schedule == "final" and experience.task_id < (self.n_tasks or 0) - 1:
+            return 0
+        return sum(len(e.train) for e in seen) * epochs
+
     def training_stream(self, experience, seen, epochs):
         if self.config.schedule == "final" and self.n_tasks is None:
             raise ValueError("JointConfig.schedule='final' needs the stream's length before training "

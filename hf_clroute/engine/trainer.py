@@ -524,8 +524,9 @@ class ContinualTrainer:
         them evenly spaced before the task's end (which the boundary row covers)."""
         try:
             samples = len(data)
-        except TypeError:  # an iterable stream: the experience read ``epochs`` times
-            samples = len(experience.train) * self.config.epochs
+        except TypeError:  # an iterable stream: the method says how much it reads (joint: every task seen)
+            samples = self.model.method.training_examples(
+                experience, self.stream[: self._task_id + 1], self.config.epochs)
         steps = -(-samples // self.config.batch_size)
         n = self.config.evals_per_task
         return {round(k * steps / n) for k in range(1, n)} - {0, steps}

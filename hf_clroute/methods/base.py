@@ -170,6 +170,11 @@ class ContinualMethod(nn.Module):
         """
         return experience.train_stream(epochs=epochs)
 
+    def training_examples(self, experience: "Experience", seen: list["Experience"], epochs: int) -> int:
+        """How many examples :meth:`training_stream` yields (a stream has no length): the trainer spreads
+        the task's anytime evaluations over them. Override it with ``training_stream``."""
+        return len(experience.train) * epochs
+
     # ---- hooks -----------------------------------------------------------------
     def begin_task(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
         """What the engine calls at an experience's start: records its classes, then ``on_task_start``."""
