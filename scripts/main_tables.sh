@@ -27,6 +27,9 @@
 #   scripts/main_tables.sh room-joint                split-mnist-r's upper bound: joint training's offline form
 #                                                    (joint-offline; about 75 CPU-minutes here), added to the
 #                                                    committed table
+#   scripts/main_tables.sh joint_again <suite>..      joint's committed rows again with their committed pick (the
+#                                                    anytime points of its A_AUC sat early in each task before
+#                                                    the trainer asked the method how much it reads); replaces them
 #   scripts/main_tables.sh counts [m,..]              wordnet's 40 classes in 5/10/20/40 tasks (wordnet-<n>tasks) with
 #                                                    wordnet's validation picks: RwF, its control, streaming LDA
 #                                                    (or the methods given: dualprompt, coda-prompt; one job each)
@@ -208,6 +211,16 @@ room_joint() {  # the offline form: the cumulative one costs 3x as much on the 6
   done
   wait
   add split-mnist-r "${dirs[@]}"
+}
+
+joint_again() {  # suite...: one job per suite, side by side
+  local s
+  for s in "$@"; do
+    "$BIN/hf-clroute" bench --suite "$s" --methods joint --seeds "$SEEDS" --out "results/$s.parts/joint-again" \
+        --selection "results/$s/selection.json" --no-progress --precision fp32 &
+  done
+  wait
+  for s in "$@"; do add "$s" "results/$s.parts/joint-again"; done
 }
 
 room() {
