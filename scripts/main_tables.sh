@@ -25,7 +25,7 @@
 #   scripts/main_tables.sh room                      RwF against its paper's baselines on split-mnist-r
 #                                                    (two jobs at a time)
 #   scripts/main_tables.sh room-joint                split-mnist-r's upper bound: joint training's offline form
-#                                                    (joint-offline; about 75 CPU-minutes here), added to the
+#                                                    (joint-offline; 5 seeds of about 40 minutes here), added to the
 #                                                    committed table
 #   scripts/main_tables.sh joint_again <suite>..      joint's committed rows again with their committed pick (the
 #                                                    anytime points of its A_AUC sat early in each task before
