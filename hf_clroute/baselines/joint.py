@@ -69,16 +69,20 @@ class JointTraining(ContinualMethod):
     def check_stream(self, n_tasks: int) -> None:
         self.n_tasks = n_tasks
 
-    def training_examples(self, experience, seen, epochs):
-        if self.config.schedule == "final" and experience.task_id < (self.n_tasks or 0) - 1:
-            return 0
-        return sum(len(e.train) for e in seen) * epochs
-
-    def training_stream(self, experience, seen, epochs):
-        if self.config.schedule == "final" and self.n_tasks is None:
+    def _trains_at(self, experience) -> bool:
+        """The final form trains only at the last task; the cumulative form at every task."""
+        if self.config.schedule != "final":
+            return True
+        if self.n_tasks is None:
             raise ValueError("JointConfig.schedule='final' needs the stream's length before training "
                              "(ContinualTrainer calls check_stream); call method.check_stream(n_tasks) first")
-        if self.config.schedule == "final" and experience.task_id < self.n_tasks - 1:
+        return experience.task_id == self.n_tasks - 1
+
+    def training_examples(self, experience, seen, epochs):
+        return sum(len(e.train) for e in seen) * epochs if self._trains_at(experience) else 0
+
+    def training_stream(self, experience, seen, epochs):
+        if not self._trains_at(experience):
             return experience.train.select([])  # nothing to train before the last task
         # The trainer seeds torch with TrainingConfig.seed at fit(): its initial seed is the run's.
         seed = self.config.shuffle_seed if self.config.shuffle_seed is not None else torch.initial_seed()

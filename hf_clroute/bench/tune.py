@@ -277,7 +277,8 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
             if _key(point) in measured:
                 return measured[_key(point)]
             epochs = epoch_siblings(point, grid, done={**known, **measured}) if share_epochs else []
-            batch = resolve_run(quiet, method, seed, selected=selected(point, config)).training.batch_size
+            batch = resolve_run(quiet, method, seed, selected=selected(point, config)).training.batch_size \
+                if len(epochs) > 1 else 1
             if len(epochs) < 2 or train_examples % batch:  # one run per point
                 epochs = [point.get(EPOCHS)]
             longest = {**point, EPOCHS: epochs[-1]} if len(epochs) > 1 else point
