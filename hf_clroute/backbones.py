@@ -224,6 +224,17 @@ def get_base_model(model: nn.Module) -> nn.Module:
     return base
 
 
+class FixedInEval:
+    """Mixin of an adapter module (ours) whose eval-mode forward is a fixed function of its input once
+    its tensors are frozen: it changes no state in eval mode and reads no statistics the stream moves.
+    ``fixed_state()`` lists the tensors it reads that the backbone does not hold ([] when all of them
+    lie in the backbone), or returns None while any of them trains. ``CLModel.reads_fixed_features``
+    counts only such modules of ours, so the engine may compute a frozen adapter's features once."""
+
+    def fixed_state(self) -> list[torch.Tensor] | None:
+        return []
+
+
 class AttentionWrapper(nn.Module):
     """Base of a module that wraps a backbone block's attention as ``base_layer`` (RwF's routed
     attention, the prompt methods' prefix attention): an attribute the wrapper lacks is read from

@@ -39,7 +39,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .backbone_identity import backbone_fingerprint, check_backbone, record_backbone, recorded_fingerprint
-from .backbones import get_backbone_spec, get_base_model, loaded_name, loaded_revision, pooled_features
+from .backbones import FixedInEval, get_backbone_spec, get_base_model, loaded_name, loaded_revision, pooled_features
 from .config import CLConfig
 from .errors import UserInputError
 from .heads import StatisticsHead, build_head
@@ -125,18 +125,33 @@ class CLModel(nn.Module):
         or a frozen PEFT adapter (LoRA after first-session adaptation), whose eval-mode forward is a fixed
         function of the input. The trainer then scores a test split from features computed once; the
         bench's cache of the *bare* backbone's features still needs :meth:`reads_frozen_features`.
-        Our own modules (routed attention, patch FFNs) may carry state the stream changes: not counted."""
-        return self._fixed_features(wrappers=("hf_clroute",))
+        A module of ours counts only when it declares itself a fixed function in eval mode
+        (:class:`~hf_clroute.backbones.FixedInEval`: RwF's routed attention once its routers froze, APN's
+        patch FFNs once frozen); others (prompt attention) may carry state the stream changes."""
+        return self._fixed_features(wrappers=("hf_clroute",), fixed_ours=True)
 
-    def _fixed_features(self, wrappers: tuple[str, ...]) -> bool:
+    def _fixed_features(self, wrappers: tuple[str, ...], fixed_ours: bool = False) -> bool:
         if self.spec.modality == "lm" or any(p.requires_grad for p in self.backbone.parameters()):
             return False
         for module in self.backbone.modules():
-            if type(module).__module__.startswith(wrappers):
+            declared = fixed_ours and isinstance(module, FixedInEval) and module.fixed_state() is not None
+            if type(module).__module__.startswith(wrappers) and not declared:
                 return False
             if module._forward_hooks or module._forward_pre_hooks:
                 return False
         return type(self.method).features is ContinualMethod.features
+
+    def features_fingerprint(self) -> torch.Tensor:
+        """Per tensor the features are computed from (the backbone's parameters and buffers, and what its
+        fixed modules of ours read from outside it: RwF's routers), its sum and sum of squares: features
+        kept while :meth:`reads_fixed_features` stand only while this is unchanged (a method could
+        unfreeze a tensor within a task and freeze it again by its end)."""
+        tensors = [*self.backbone.parameters(), *self.backbone.buffers()]
+        for module in self.backbone.modules():
+            if isinstance(module, FixedInEval):
+                tensors += module.fixed_state() or []
+        with torch.no_grad():
+            return torch.stack([torch.stack([t.double().sum(), t.double().square().sum()]) for t in tensors])
 
     def forward(self, **batch: torch.Tensor) -> CLModelOutput:
         """One call per step, as in Accelerate's examples: ``out = model(**batch)``.

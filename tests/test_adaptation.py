@@ -293,3 +293,38 @@ def test_a_frozen_adapter_scores_from_test_features_computed_once(stream):
     # a LoRA that still trains reads features that change: nothing is cached
     online = get_cl_model(dropout_vit(), LoraBaselineConfig())
     assert not online.reads_fixed_features()
+
+
+@pytest.mark.parametrize("kind", ["rwf", "apn"])
+def test_our_frozen_adapters_score_from_test_features_computed_once(stream, kind):
+    """RwF's routers and APN's patch FFNs, frozen after first-session adaptation, are fixed functions in eval
+    mode (``FixedInEval``): their test features are encoded once, with the same scores as encoding them at every
+    evaluation. A router tensor that moves (it lies outside the backbone) makes the kept features stale."""
+    from hf_clroute.methods.apn import ApnConfig
+
+    def config():
+        if kind == "rwf":
+            return RwfConfig(num_prompts=4, head="lda", adaptation={"epochs": 2})
+        return ApnConfig(num_patches=4, top_k=2, rank=2, head="lda", adaptation={"epochs": 2})
+
+    cached_trainer, cached = fit(config(), stream, evals_per_task=3)
+    model = cached_trainer.model
+    assert model.reads_fixed_features() and not model.reads_frozen_features()
+    assert set(cached_trainer._frozen_features) == {0, 1}
+    plain_trainer, plain = fit(config(), stream, evals_per_task=3, eval_cache_examples=0)
+    assert not plain_trainer._frozen_features
+    np.testing.assert_allclose(cached.accuracy_matrix, plain.accuracy_matrix, atol=1e-9)
+    np.testing.assert_allclose(cached.anytime, plain.anytime, atol=1e-9)
+    # the same module while it trains (online, no adaptation) is not counted
+    online = get_cl_model(dropout_vit(), RwfConfig(num_prompts=4) if kind == "rwf" else ApnConfig(num_patches=4))
+    assert not online.reads_fixed_features()
+    # a tensor the features read moves: the next evaluation encodes the test splits again
+    moved = next(iter(model.method.parameters())) if kind == "rwf" else next(
+        p for n, p in model.backbone.named_parameters() if "patches" in n)
+    before = model.features_fingerprint()
+    with torch.no_grad():
+        moved.add_(1.0)
+    assert not torch.equal(model.features_fingerprint(), before)
+    kept = cached_trainer._frozen_features[0]
+    cached_trainer.evaluate_row(1)
+    assert cached_trainer._frozen_features[0] is not kept

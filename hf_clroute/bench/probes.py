@@ -204,13 +204,6 @@ def forgetting_split(accuracy_matrix, probe_diag, probe_final) -> dict[str, obje
     return {"head_per_task": head, "deep_per_task": deep, "head": mean(head), "deep": mean(deep)}
 
 
-def _weights_fingerprint(model) -> torch.Tensor:
-    """Per backbone tensor, its sum and sum of squares: any training step changes it."""
-    with torch.no_grad():
-        return torch.stack([torch.stack([p.double().sum(), p.double().square().sum()])
-                            for p in model.backbone.parameters()])
-
-
 class ForgettingProbes(Callback):
     """Engine callback: after task t, the probe over tasks 0..t scores task t (``diag``: A*_tt);
     after the last task it scores every task (``final``: A*_Tj)."""
@@ -236,7 +229,7 @@ class ForgettingProbes(Callback):
         fixed = self.keep_features and trainer.model.reads_fixed_features()
         # kept features stand only for the run and backbone weights they were computed with (a
         # method could unfreeze the backbone within a task and freeze it again by its end)
-        owner = (id(trainer), _weights_fingerprint(trainer.model)) if fixed else None
+        owner = (id(trainer), trainer.model.features_fingerprint()) if fixed else None
         kept = self._owner
         if owner is None or kept is None or owner[0] != kept[0] or not torch.equal(owner[1], kept[1]):
             self._kept, self._owner = {}, owner

@@ -271,6 +271,7 @@ class ContinualTrainer:
         self._eval_cache = EvalCache(config.eval_cache_examples, config.eval_cache_mb)
         self._test_features: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._frozen_features: dict[int, list[dict[str, torch.Tensor]]] = {}  # by task: test batches as features
+        self._frozen_owner: torch.Tensor | None = None  # the features fingerprint they were computed with
         self._step_in_task = 0
 
     # ---- public ---------------------------------------------------------------
@@ -307,6 +308,10 @@ class ContinualTrainer:
         A whole row (``upto=None``) keeps the test features it computed (:meth:`test_features`).
         """
         self.model.before_evaluation(self.context(task_id))
+        if self._frozen_features:  # kept test features stand only for the weights they were computed with
+            owner = self.model.features_fingerprint() if self.model.reads_fixed_features() else None
+            if owner is None or not torch.equal(owner, self._frozen_owner):
+                self._frozen_features.clear()
         if upto is not None:
             return [self._evaluate(j) for j in range(upto + 1)]
         self._test_features.clear()
@@ -516,6 +521,8 @@ class ContinualTrainer:
         self.timer.seconds += time.perf_counter() - started  # evaluation time, though paid once
         if not self._eval_cache.take(batch_bytes(batches)):
             return None
+        if not self._frozen_features:
+            self._frozen_owner = self.model.features_fingerprint()
         self._frozen_features[task_id] = batches
         return batches
 

@@ -31,6 +31,9 @@ bias-corrected exponential moving average (decay 1 - 1/N) of the batches' assign
 fractions, kept across steps and tasks (buffers ``usage_ema``, ``usage_ema_steps``):
 balance is then asked of the usage over the last ~N steps, not of each batch, so a run
 of single-domain batches is not pushed to spread over every patch.
+
+In eval mode the modules here change no state (the usage statistics move only in train mode), so once
+frozen they are fixed functions of their input (``FixedInEval``): the engine may keep their features.
 """
 
 from __future__ import annotations
@@ -39,10 +42,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...backbones import FixedInEval
 from .config import CODE_ENCODERS
 
 
-class PatchEncoders(nn.Module):
+class PatchEncoders(FixedInEval, nn.Module):
     """One rank-r code encoder per patch, ``forward(x, top_idx) -> (N, k, r)``: u_{n,j} = W_{i_j} x_n + b_{i_j}.
 
     Only the chosen (token, patch) pairs are computed: the pairs are sorted by patch and
@@ -88,7 +92,7 @@ class PatchEncoders(nn.Module):
         return f"patches={self.num_patches}, hidden={self.hidden_size}, rank={self.rank}"
 
 
-class PatchFFN(nn.Module):
+class PatchFFN(FixedInEval, nn.Module):
     """Routed low-rank patch bank: ``forward(h) -> gamma * sum_j w_j Delta_{i_j}(h)`` (same shape as h)."""
 
     def __init__(
@@ -193,7 +197,7 @@ class PatchFFN(nn.Module):
                 f"tau={self.tau}, gamma={self.gamma}{extra}")
 
 
-class AdapterFFN(nn.Module):
+class AdapterFFN(FixedInEval, nn.Module):
     """Pre-LN block FFN (ViT/GPT-2 ``mlp``): frozen FFN(h) + patches(h)."""
 
     def __init__(self, base: nn.Module, patches: PatchFFN) -> None:
@@ -204,7 +208,7 @@ class AdapterFFN(nn.Module):
         return self.base(hidden_states) + self.patches(hidden_states)
 
 
-class PostNormAdapterOutput(nn.Module):
+class PostNormAdapterOutput(FixedInEval, nn.Module):
     """BERT ``output(intermediate, x) = LN(dense(intermediate) + x)``: the patches' residual,
     computed from the FFN input x, joins the residual stream before the LayerNorm, i.e.
     LN(x + FFN(x) + patches(x)) - the routed residual beside the frozen FFN."""

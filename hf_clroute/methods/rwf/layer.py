@@ -33,11 +33,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...backbones import AttentionWrapper
+from ...backbones import AttentionWrapper, FixedInEval
 from .hopfield import HopfieldRouter
 
 
-class RoutedAttention(AttentionWrapper):
+class RoutedAttention(AttentionWrapper, FixedInEval):
     """A self-attention module with Hopfield routing prompts (see the module docstring)."""
 
     def __init__(self, base_layer: nn.Module, router: HopfieldRouter, *, layer_idx: int, causal: bool, chunk_size: int) -> None:
@@ -49,6 +49,12 @@ class RoutedAttention(AttentionWrapper):
         self.layer_idx = layer_idx
         self.causal = causal
         self.chunk_size = chunk_size
+
+    def fixed_state(self) -> list[torch.Tensor] | None:
+        """The router's tensors, once frozen: the routed attention is then a fixed function of the
+        tokens (the routing-health tracker only reads its weights)."""
+        tensors = [*self.router.parameters(), *self.router.buffers()]
+        return None if any(t.requires_grad for t in tensors) else tensors
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
         mask = args[0] if args else kwargs.get("attention_mask")
