@@ -5,7 +5,7 @@ matrix's rank, and the projection's dimension M.
 Why: ``ranpac-gcv`` drops after wordnet's second task on some seeds (A_T is unaffected). This shows which
 lambda GCV chose at each solve, e.g.
 
-    python scripts/gcv_solves.py bench --suite wordnet --methods ranpac-gcv --seeds 0 --out /tmp/gcv \
+    python scripts/gcv_solves.py bench --suite wordnet --methods ranpac-gcv --seeds 0 --out gcv-solves \
         --selection results/wordnet/selection.json --precision fp32 --no-progress
 """
 import sys
