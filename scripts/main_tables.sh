@@ -24,9 +24,12 @@
 #   scripts/main_tables.sh mars <suite>              MaRS's rows as issue 32 left them (mars-paper re-run)
 #   scripts/main_tables.sh room                      RwF against its paper's baselines on split-mnist-r
 #                                                    (two jobs at a time)
-#   scripts/main_tables.sh room-joint                split-mnist-r's upper bound: joint training's offline form
-#                                                    (joint-offline; 5 seeds of about 40 minutes here), added to the
-#                                                    committed table
+#   scripts/main_tables.sh joint-offline <suite>     the suite's upper bound: joint training's offline form, tuned
+#                                                    (unless results/<suite>/joint-offline-selection.json holds its
+#                                                    committed search; TUNE=1 searches again), then 5 seeds, one job
+#                                                    each, two at a time, added to the committed table. split-mnist-r:
+#                                                    seeds of about 40 minutes here; wordnet: about 10
+#   scripts/main_tables.sh room-joint                the same for split-mnist-r
 #   scripts/main_tables.sh joint_again <suite>..      joint's committed rows again with their committed pick (the
 #                                                    anytime points of its A_AUC sat early in each task before
 #                                                    the trainer asked the method how much it reads); replaces them
@@ -195,22 +198,25 @@ counts() {  # [methods]: the task-count study; each suite's runs land in results
   done
 }
 
-room_joint() {  # the offline form: the cumulative one costs 3x as much on the 6-block ViT
-  local out=results/split-mnist-r.parts/joint-offline s dirs=()
-  # its search (2-3 CPU-hours here) is committed: the seeds run from it unless TUNE=1 searches again
-  if [ -z "${TUNE:-}" ] && [ -f results/split-mnist-r/joint-offline-selection.json ]; then
-    mkdir -p "$out" && cp results/split-mnist-r/joint-offline-selection.json "$out/selection.json"
+joint_offline() {  # suite: the offline form (the cumulative one costs T(T+1)/2 / T times as much)
+  local suite=$1 out=results/$1.parts/joint-offline s dirs=()
+  local committed=results/$suite/joint-offline-selection.json
+  # its search (hours here) is committed: the seeds run from it unless TUNE=1 searches again. A search
+  # stopped part-way continues from the tune-progress.json in $out.
+  if [ -z "${TUNE:-}" ] && [ -f "$committed" ]; then
+    mkdir -p "$out" && cp "$committed" "$out/selection.json"
   else
-    "$BIN/hf-clroute" tune --suite split-mnist-r --methods joint-offline --seed 0 --out "$out" --no-progress --precision fp32
+    "$BIN/hf-clroute" tune --suite "$suite" --methods joint-offline --seed 0 --out "$out" --no-progress --precision fp32
+    cp "$out/selection.json" "$committed"
   fi
   for s in ${SEEDS//,/ }; do  # one job per seed, two at a time: each lands whole, whatever stops later
-    "$BIN/hf-clroute" bench --suite split-mnist-r --methods joint-offline --seeds "$s" --out "$out-s$s" \
+    "$BIN/hf-clroute" bench --suite "$suite" --methods joint-offline --seeds "$s" --out "$out-s$s" \
         --selection "$out/selection.json" --no-progress --precision fp32 &
     dirs+=("$out-s$s")
     while [ "$(jobs -rp | wc -l)" -ge 2 ]; do sleep 10; done
   done
   wait
-  add split-mnist-r "${dirs[@]}"
+  add "$suite" "${dirs[@]}"
 }
 
 joint_again() {  # suite...: one job per suite, side by side
@@ -230,5 +236,8 @@ room() {
   merge split-mnist-r
 }
 
-if [ "${1:-}" = room-joint ]; then room_joint; exit; fi
+case "${1:-}" in
+  room-joint) joint_offline split-mnist-r; exit ;;
+  joint-offline) joint_offline "${2:?joint-offline needs a suite: wordnet or split-mnist-r}"; exit ;;
+esac
 "$@"
