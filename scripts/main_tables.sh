@@ -28,7 +28,7 @@
 #                                                    (unless results/<suite>/joint-offline-selection.json holds its
 #                                                    committed search; TUNE=1 searches again), then 5 seeds, one job
 #                                                    each, two at a time, added to the committed table. split-mnist-r:
-#                                                    seeds of about 40 minutes here; wordnet: about 10
+#                                                    seeds of about 40 minutes here; wordnet: about 20
 #   scripts/main_tables.sh room-joint                the same for split-mnist-r
 #   scripts/main_tables.sh joint_again <suite>..      joint's committed rows again with their committed pick (the
 #                                                    anytime points of its A_AUC sat early in each task before
@@ -201,17 +201,15 @@ counts() {  # [methods]: the task-count study; each suite's runs land in results
 joint_offline() {  # suite: the offline form (the cumulative one costs T(T+1)/2 / T times as much)
   local suite=$1 out=results/$1.parts/joint-offline s dirs=()
   local committed=results/$suite/joint-offline-selection.json
-  # its search (hours here) is committed: the seeds run from it unless TUNE=1 searches again. A search
-  # stopped part-way continues from the tune-progress.json in $out.
-  if [ -z "${TUNE:-}" ] && [ -f "$committed" ]; then
-    mkdir -p "$out" && cp "$committed" "$out/selection.json"
-  else
+  # its search (hours here) is committed and the seeds read it there, unless TUNE=1 searches again (a search
+  # stopped part-way continues from the tune-progress.json in $out)
+  if [ -n "${TUNE:-}" ] || [ ! -f "$committed" ]; then
     "$BIN/hf-clroute" tune --suite "$suite" --methods joint-offline --seed 0 --out "$out" --no-progress --precision fp32
     cp "$out/selection.json" "$committed"
   fi
   for s in ${SEEDS//,/ }; do  # one job per seed, two at a time: each lands whole, whatever stops later
     "$BIN/hf-clroute" bench --suite "$suite" --methods joint-offline --seeds "$s" --out "$out-s$s" \
-        --selection "$out/selection.json" --no-progress --precision fp32 &
+        --selection "$committed" --no-progress --precision fp32 &
     dirs+=("$out-s$s")
     while [ "$(jobs -rp | wc -l)" -ge 2 ]; do sleep 10; done
   done
