@@ -18,7 +18,7 @@ test: data
 	echo "make test: the test suite took $$(( $$(date +%s) - start )) s"; exit $$status
 
 # The demo needs only MNIST (`make data` builds every source); its backbone is the committed
-# pretrained ViT (hf_clroute/assets/pretrained), installed into the cache on first use.
+# pretrained ViT (hf_clroute/backbones/pretraining/assets), installed into the cache on first use.
 demo: setup
 	$(BIN)/hf-clroute data prepare mnist
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/hf-clroute demo --out runs/demo

@@ -18,17 +18,17 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "AutoCLModel": "hf_clroute.auto",
-    "CLConfig": "hf_clroute.config",
-    "CLModel": "hf_clroute.model",
-    "CLModelOutput": "hf_clroute.outputs",
-    "get_cl_model": "hf_clroute.model",
+    "AutoCLModel": "hf_clroute.core.auto",
+    "CLConfig": "hf_clroute.core.config",
+    "CLModel": "hf_clroute.core.model",
+    "CLModelOutput": "hf_clroute.core.outputs",
+    "get_cl_model": "hf_clroute.core.model",
     "ContinualTrainer": "hf_clroute.engine",
     "StreamResult": "hf_clroute.engine",
     "TrainingConfig": "hf_clroute.engine",
-    "available_methods": "hf_clroute.registry",
-    "get_method": "hf_clroute.registry",
-    "register_method": "hf_clroute.registry",
+    "available_methods": "hf_clroute.core.registry",
+    "get_method": "hf_clroute.core.registry",
+    "register_method": "hf_clroute.core.registry",
 }
 
 __all__ = [
@@ -46,12 +46,12 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .auto import AutoCLModel
-    from .config import CLConfig
-    from .engine import ContinualTrainer, StreamResult, TrainingConfig
-    from .model import CLModel, get_cl_model
-    from .outputs import CLModelOutput
-    from .registry import available_methods, get_method, register_method
+    from hf_clroute.core.auto import AutoCLModel
+    from hf_clroute.core.config import CLConfig
+    from hf_clroute.core.model import CLModel, get_cl_model
+    from hf_clroute.core.outputs import CLModelOutput
+    from hf_clroute.core.registry import available_methods, get_method, register_method
+    from hf_clroute.engine import ContinualTrainer, StreamResult, TrainingConfig
 
 
 def __getattr__(name: str) -> Any:

@@ -14,9 +14,11 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import UserInputError  # stdlib-only modules: keep `hf-clroute --help` fast
-from .bench.grid_search import MAX_EXTENSIONS
-from .io import HubPushError
+from hf_clroute.bench.harness.grid_search import MAX_EXTENSIONS
+from hf_clroute.errors import (
+    UserInputError,  # stdlib-only modules: keep `hf-clroute --help` fast
+)
+from hf_clroute.hub.io import HubPushError
 
 PRECISIONS = ("auto", "bf16", "fp32")
 
@@ -26,7 +28,7 @@ def _csv(kind):
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from .data.sources import SOURCES, prepare_source
+    from hf_clroute.data.sources import SOURCES, prepare_source
 
     if args.action == "list":
         for name, recipe in SOURCES.items():
@@ -39,7 +41,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .bench.runners import runner_module, suite_kind
+    from hf_clroute.bench.runners.dispatch import runner_module, suite_kind
 
     out = Path(args.out)
     command = (
@@ -75,7 +77,7 @@ def precision_overrides(precision: str | None) -> dict[str, str]:
     engine's ``TrainingConfig`` has the field, else through the environment variable it reads."""
     if precision is None:
         return {}
-    from .engine import TrainingConfig
+    from hf_clroute.engine import TrainingConfig
 
     if "precision" in {f.name for f in dataclasses.fields(TrainingConfig)}:
         return {"precision": precision}
@@ -85,8 +87,8 @@ def precision_overrides(precision: str | None) -> dict[str, str]:
 
 def show_bench_settings(args: argparse.Namespace, kind: str, overrides: dict) -> int:
     """``--show-settings``: each method's resolved settings and where each value came from; runs nothing."""
-    from .bench.settings import describe_settings, resolve_run
-    from .bench.suites import SuiteConfig, load_selection
+    from hf_clroute.bench.harness.settings import describe_settings, resolve_run
+    from hf_clroute.bench.harness.suites import SuiteConfig, load_selection
 
     if kind != "classification":
         raise UserInputError(f"--show-settings resolves classification suites; {args.suite!r} has runner {kind!r} "
@@ -101,8 +103,8 @@ def show_bench_settings(args: argparse.Namespace, kind: str, overrides: dict) ->
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """One method over one suite, checkpointed and resumable (``hf_clroute.bench.training_run``)."""
-    from .bench.training_run import load_run_config, train
+    """One method over one suite, checkpointed and resumable (``hf_clroute.commands.train``)."""
+    from hf_clroute.commands.train import load_run_config, train
 
     config = load_run_config(args.config, suite=args.suite, method=args.method, seed=args.seed,
                              quick=True if args.quick else None, output_dir=args.output_dir,
@@ -117,8 +119,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .bench.suites import SuiteConfig
-    from .bench.tune import tune
+    from hf_clroute.bench.harness.suites import SuiteConfig
+    from hf_clroute.bench.runners.tune import tune
 
     suite = SuiteConfig.load(args.suite, quick=args.quick)
     precision = precision_overrides(args.precision)
@@ -145,7 +147,7 @@ def record_command(results_file: Path, *commands: str) -> None:
     """Note the command(s) in results.json, so BENCHMARKS.md can say how to reproduce it."""
     import json
 
-    from .io import atomic_write_text
+    from hf_clroute.hub.io import atomic_write_text
 
     results = json.loads(results_file.read_text())
     results["commands"] = list(dict.fromkeys(commands))  # a re-run merge is recorded once
@@ -153,9 +155,8 @@ def record_command(results_file: Path, *commands: str) -> None:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
-    from .bench.runners import results_kind, runner_module
-
-    from .bench.relabel import parse_renames
+    from hf_clroute.bench.harness.relabel import parse_renames
+    from hf_clroute.bench.runners.dispatch import results_kind, runner_module
 
     run_dirs, drop = [Path(d) for d in args.run_dirs], tuple(args.drop or ())
     rename = parse_renames(args.rename or [])
@@ -181,7 +182,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_push(args: argparse.Namespace) -> int:
-    from .bench.publish import push_run
+    from hf_clroute.commands.push import push_run
 
     url = push_run(args.run_dir, args.repo_id, method=args.method, private=args.private)
     print(f"pushed {args.run_dir} ({args.method or 'its adapter'}) to {args.repo_id}: {url}")
@@ -190,7 +191,7 @@ def cmd_push(args: argparse.Namespace) -> int:
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Load an adapter (local dir or Hub repo id) and score it on every task of a suite."""
-    from .bench.evaluate import evaluate_adapter
+    from hf_clroute.commands.evaluate import evaluate_adapter
 
     result = evaluate_adapter(args.adapter, args.suite, seed=args.seed, quick=args.quick,
                               allow_backbone_mismatch=args.allow_backbone_mismatch)
@@ -200,8 +201,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .bench.runners import rewrite_markdown
-    from .bench.report import write_benchmarks
+    from hf_clroute.bench.reports.report import write_benchmarks
+    from hf_clroute.bench.runners.dispatch import rewrite_markdown
 
     rewrite_markdown(Path(args.results))  # each table's results.md under today's marks, before the page reads it
     path = write_benchmarks(Path(args.results), Path(args.out))
@@ -210,8 +211,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from .registry import available_methods, get_method
-    from .bench.settings import method_description, method_variants
+    from hf_clroute.bench.harness.settings import method_description, method_variants
+    from hf_clroute.core.registry import available_methods, get_method
 
     for name in available_methods():
         entry = get_method(name)
@@ -225,7 +226,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import __version__
+    from hf_clroute import __version__
 
     parser = argparse.ArgumentParser(prog="hf-clroute", description=__doc__)
     parser.add_argument("--version", action="version", version=f"hf-clroute {__version__}")
@@ -302,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a selection.json whose searches of these methods (same suite, seed, grid) continue here: "
                            "its scores are read, not run again (with a higher --max-extensions, an edge pick extends)")
     tune.add_argument("--precision", choices=PRECISIONS, default=None,
-                      help="bf16 autocast or fp32 (auto: bf16 only where measured faster; hf_clroute.precision)")
+                      help="bf16 autocast or fp32 (auto: bf16 only where measured faster; hf_clroute.backbones.precision)")
     tune.set_defaults(func=cmd_tune)
 
     merge = sub.add_parser("merge", help="combine bench runs of one suite (e.g. seeds run in parallel) into one")
@@ -311,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--drop", type=_csv(str), default=None, help="methods to leave out (e.g. a retired variant)")
     merge.add_argument("--rename", type=_csv(str), default=None, metavar="OLD=NEW,...",
                        help="relabel rows whose method name has since changed meaning; refused unless every setting "
-                            "the row recorded is what NEW resolves to today (hf_clroute.bench.relabel)")
+                            "the row recorded is what NEW resolves to today (hf_clroute.bench.harness.relabel)")
     merge.set_defaults(func=cmd_merge)
 
     demo = sub.add_parser("demo", help="quick Split-MNIST: naive fine-tuning vs nearest-class-mean")
@@ -354,7 +355,7 @@ def add_settings_options(parser: argparse.ArgumentParser) -> None:
                         help="print every resolved setting and where it came from (default, method settings file, "
                              "suite, run config, command line, run seed), then stop without training")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
-                        help="bf16 autocast or fp32 (auto: bf16 only where measured faster; hf_clroute.precision); "
+                        help="bf16 autocast or fp32 (auto: bf16 only where measured faster; hf_clroute.backbones.precision); "
                              "wins over a suite's training.precision")
 
 
@@ -371,9 +372,9 @@ def error_line(err: BaseException) -> str:
 
 
 def apply_thread_default() -> None:
-    """torch's intra-op threads: this process's share of the cores (``hf_clroute.threads``), set once."""
+    """torch's intra-op threads: this process's share of the cores (``hf_clroute.runtime.threads``), set once."""
     try:
-        from .threads import apply_default_threads
+        from hf_clroute.runtime.threads import apply_default_threads
     except ImportError:  # a build without it: torch's own default
         return
     apply_default_threads()
@@ -383,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # accepted anywhere, so it can be added to any command line
     args = build_parser().parse_args([a for a in argv if a != "--debug"])
-    from .progress import quiet_library_bars
+    from hf_clroute.runtime.progress import quiet_library_bars
 
     quiet_library_bars()  # to a file or pipe: no bars from transformers/datasets either
     try:

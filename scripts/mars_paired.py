@@ -16,8 +16,8 @@ import json
 import math
 from pathlib import Path
 
-from hf_clroute.metrics.aggregate import paired_difference
 from hf_clroute.methods.mars.sgse import expansion_timing
+from hf_clroute.metrics.aggregate import paired_difference
 
 FULL = "mars"
 ABLATIONS = ("mars-no-sgse", "mars-no-anchor", "mars-no-stage1", "mars-no-stage2", "mars-head-only", "mars-ctl",

@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from hf_clroute.io import atomic_write_text
+from hf_clroute.hub.io import atomic_write_text
 from hf_clroute.metrics.aggregate import paired_difference
 
 

@@ -56,7 +56,7 @@ import json, subprocess, sys
 from pathlib import Path
 
 from hf_clroute.metrics.aggregate import paired_difference
-from hf_clroute.precision import MEASURED_BY
+from hf_clroute.backbones.precision import MEASURED_BY
 
 runs, suites = Path(sys.argv[1]), sys.argv[2:]
 mean = lambda v: sum(v.values()) / len(v) if v else float("nan")  # noqa: E731

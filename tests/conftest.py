@@ -103,7 +103,7 @@ def tiny_suite(tmp_path_factory: pytest.TempPathFactory):
     import torch
     from transformers import ViTImageProcessor, ViTModel
 
-    from hf_clroute.backbones import tiny_vit_config
+    from hf_clroute.backbones.catalog import tiny_vit_config
 
     root = tmp_path_factory.mktemp("suite")
     torch.manual_seed(0)
@@ -130,9 +130,9 @@ def tiny_suite(tmp_path_factory: pytest.TempPathFactory):
 def checked_search_grid():
     """``check(method) -> grid``: the method's search grid has exactly the tuner's budget of distinct
     points, and each point resolves to a run that carries its values (split-mnist's settings)."""
-    from hf_clroute.bench.settings import resolve_run
-    from hf_clroute.bench.suites import SuiteConfig
-    from hf_clroute.bench.tune import BUDGET, search_grid, selected
+    from hf_clroute.bench.harness.settings import resolve_run
+    from hf_clroute.bench.harness.suites import SuiteConfig
+    from hf_clroute.bench.runners.tune import BUDGET, search_grid, selected
 
     def check(method: str) -> list[dict]:
         grid = search_grid(method, trains=True)

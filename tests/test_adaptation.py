@@ -16,19 +16,19 @@ import torch
 from transformers import ViTModel
 
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.adaptation_config import AdaptationConfig, describe_record
-from hf_clroute.backbones import get_backbone_spec, pooled_features, tiny_vit_config
+from hf_clroute.backbones.catalog import get_backbone_spec, pooled_features, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig, LoraBaselineConfig
-from hf_clroute.bench.feature_cache import encode
-from hf_clroute.bench.probes import model_features
+from hf_clroute.bench.harness.feature_cache import encode
+from hf_clroute.bench.harness.probes import model_features
+from hf_clroute.core.first_session_config import AdaptationConfig, describe_record
+from hf_clroute.core.model import CLModel
+from hf_clroute.core.model_card import history_markdown
+from hf_clroute.core.outputs import model_inputs
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
 from hf_clroute.engine.first_session import adapter_parameters, carve_adaptation_split
 from hf_clroute.heads import build_head
 from hf_clroute.methods.rwf import RwfConfig
-from hf_clroute.model import CLModel
-from hf_clroute.model_card import history_markdown
-from hf_clroute.outputs import model_inputs
 
 REPO = Path(__file__).resolve().parents[1]
 COLLATOR = ImageCollator(16, num_channels=3)
@@ -199,11 +199,11 @@ _SCRIPT = """
 import json, sys, torch
 from transformers import ViTModel
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.backbones import tiny_vit_config
+from hf_clroute.backbones.catalog import tiny_vit_config
 from hf_clroute.baselines import LoraBaselineConfig
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
-from hf_clroute.outputs import model_inputs
+from hf_clroute.core.outputs import model_inputs
 
 stream = class_incremental(load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=16,
                            test_per_class=8, name="mnist")

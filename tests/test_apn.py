@@ -10,14 +10,14 @@ import torch.nn.functional as F
 from transformers import BertModel, GPT2LMHeadModel, ViTModel
 
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.backbones import char_lm_config, get_blocks, tiny_bert_config, tiny_vit_config
-from hf_clroute.char_tokenizer import CharTokenizer
+from hf_clroute.backbones.catalog import char_lm_config, get_blocks, tiny_bert_config, tiny_vit_config
+from hf_clroute.backbones.char_tokenizer import CharTokenizer
+from hf_clroute.baselines import FfnFinetuneConfig
+from hf_clroute.core.model import CLModel
 from hf_clroute.data import CausalLMCollator, load_source, text_domains
 from hf_clroute.engine import make_accelerator
-from hf_clroute.baselines import FfnFinetuneConfig
 from hf_clroute.methods.apn import ApnConfig, PatchFFN, patch_overlap
 from hf_clroute.methods.base import StepContext
-from hf_clroute.model import CLModel
 
 D, K, TOP_K, RANK = 16, 8, 2, 4
 VOCAB = 40
@@ -238,7 +238,7 @@ def test_load_balance_term_is_part_of_the_forward_loss():
 def test_charlm_runner_end_to_end_on_a_tiny_suite(tmp_path):
     import json
 
-    from hf_clroute.bench.lm import expand_variants, run
+    from hf_clroute.bench.runners.lm import expand_variants, run
 
     assert expand_variants(["apn", "dense-all"]) == ["apn-all", "apn-ffn", "dense-all"]
     with pytest.raises(ValueError, match="variant"):
@@ -284,7 +284,7 @@ def test_charlm_suite_with_local_text_domains(tmp_path):
     shown under readable names; a missing file is refused before training, naming it."""
     import json
 
-    from hf_clroute.bench.lm import run
+    from hf_clroute.bench.runners.lm import run
 
     poem = tmp_path / "poems.txt"
     poem.write_text("".join(f"the rose is red and the sky is blue, line {i}\n" for i in range(200)))
@@ -316,13 +316,13 @@ def test_charlm_suite_with_local_text_domains(tmp_path):
 def test_renamed_copy_of_the_charlm_suite_keeps_its_apn_settings(tmp_path):
     import json
 
-    from hf_clroute.bench.lm import CharLMSuite, apn_settings
+    from hf_clroute.bench.runners.lm import CharLMSuite, apn_settings
 
     path = tmp_path / "my-charlm.json"
     path.write_text(json.dumps({"name": "my-charlm", "base": "charlm-domains"}))
     original, copy = CharLMSuite.load("charlm-domains"), CharLMSuite.load(str(path))
     assert copy.bases == ["charlm-domains"]
-    from hf_clroute.bench.settings import merged_method_settings
+    from hf_clroute.bench.harness.settings import merged_method_settings
 
     assert apn_settings(copy) == apn_settings(original) != merged_method_settings("apn", [])["config"]
     assert apn_settings(copy)["num_patches"] == 64  # the charlm-domains block, not the method file's 256
@@ -451,7 +451,7 @@ def test_frozen_routing_gets_no_gradient_after_the_first_task(encoder):
 
 
 def test_frozen_routing_and_long_horizon_state_survive_save_load_and_resume(tmp_path):
-    from hf_clroute.bench.lm import windows
+    from hf_clroute.bench.runners.lm import windows
 
     corpora = [load_source("shakespeare"), load_source("kjv")]
     stream = text_domains(corpora, ["shakespeare", "kjv"], train_chars=3_000, test_chars=600, seed=0)
@@ -503,7 +503,7 @@ def test_frozen_routing_and_long_horizon_state_survive_save_load_and_resume(tmp_
 
 
 def test_charlm_apn_settings_variants_resolve_to_their_configs():
-    from hf_clroute.bench.lm import CharLMSuite, expand_variants, parse_variant, variant_config
+    from hf_clroute.bench.runners.lm import CharLMSuite, expand_variants, parse_variant, variant_config
 
     assert expand_variants(["apn-frozen-routing"]) == ["apn-frozen-routing-all", "apn-frozen-routing-ffn"]
     assert parse_variant("apn-per-patch-all") == ("apn-per-patch", "all")

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from hf_clroute.bench.lr_schedule import LRSchedule
+from hf_clroute.bench.harness.lr_schedule import LRSchedule
 from hf_clroute.errors import UserInputError
 from hf_clroute.methods.apn import usage_per_domain
 
@@ -66,7 +66,7 @@ def _suite(tmp_path, methods, phases):
 
 
 def test_phased_suite_trains_each_domain_its_steps_at_its_schedule_and_reports_usage_per_domain(tmp_path):
-    from hf_clroute.bench.lm import run
+    from hf_clroute.bench.runners.lm import run
 
     phases = [{"steps": 6, "learning_rate": 0.01, "warmup_steps": 2}, {"steps": 3, "learning_rate": 0.002}]
     path = _suite(tmp_path, ["dense-all", "dense-ffn", "apn-all", "apn-ffn", "apn-frozen-routing-all"], phases)
@@ -100,7 +100,7 @@ def test_phased_suite_trains_each_domain_its_steps_at_its_schedule_and_reports_u
 
 
 def test_phases_must_match_the_domains(tmp_path):
-    from hf_clroute.bench.lm import CharLMSuite
+    from hf_clroute.bench.runners.lm import CharLMSuite
 
     with pytest.raises(UserInputError, match="2 domains"):
         CharLMSuite.load(str(_suite(tmp_path, ["dense-all"], [{"steps": 3, "learning_rate": 0.01}])))
@@ -111,7 +111,7 @@ def test_phases_must_match_the_domains(tmp_path):
 
 @pytest.mark.parametrize("name", ["charlm-shakespeare-kjv", "charlm-shakespeare-kjv-long"])
 def test_the_committed_apn_suites_are_the_issue_setting(name):
-    from hf_clroute.bench.lm import CharLMSuite, expand_variants
+    from hf_clroute.bench.runners.lm import CharLMSuite, expand_variants
 
     suite = CharLMSuite.load(name)
     assert suite.domains == ["shakespeare", "kjv"]
@@ -122,7 +122,7 @@ def test_the_committed_apn_suites_are_the_issue_setting(name):
 
 
 def test_the_long_apn_suite_differs_from_its_base_only_in_training_length():
-    from hf_clroute.bench.lm import CharLMSuite
+    from hf_clroute.bench.runners.lm import CharLMSuite
 
     base, long = CharLMSuite.load("charlm-shakespeare-kjv"), CharLMSuite.load("charlm-shakespeare-kjv-long")
     (a, b), (long_a, long_b) = base.schedules(), long.schedules()

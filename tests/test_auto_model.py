@@ -11,13 +11,13 @@ from huggingface_hub import HfApi, ModelCard, hf_hub_download, metadata_load
 from transformers import BertModel, ViTForImageClassification, ViTImageProcessor, ViTModel
 
 from hf_clroute import AutoCLModel, get_cl_model
-from hf_clroute.backbones import load_backbone, tiny_bert_config, tiny_vit_config
+from hf_clroute.backbones.catalog import load_backbone, tiny_bert_config, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig, NCMConfig
-from hf_clroute.bench.cards import build_card
+from hf_clroute.bench.reports.cards import build_card
+from hf_clroute.core.model import CLModel, backbone_fingerprint
+from hf_clroute.core.model_card import minimal_card
 from hf_clroute.errors import UserInputError
-from hf_clroute.io import push_folder
-from hf_clroute.model import CLModel, backbone_fingerprint
-from hf_clroute.model_card import minimal_card
+from hf_clroute.hub.io import push_folder
 
 
 def save_vit(path, seed: int = 0, **overrides) -> str:

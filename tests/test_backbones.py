@@ -26,7 +26,7 @@ from transformers import (  # noqa: E402
 )
 from transformers.pytorch_utils import Conv1D  # noqa: E402
 
-from hf_clroute.backbones import (  # noqa: E402
+from hf_clroute.backbones.catalog import (  # noqa: E402
     BACKBONES,
     BLOCK_PARTS,
     UnsupportedBackboneError,
@@ -36,12 +36,12 @@ from hf_clroute.backbones import (  # noqa: E402
     get_block_part,
     get_blocks,
     load_backbone,
-    pooled_features,
     offline_model_path,
+    pooled_features,
     tiny_bert_config,
     tiny_vit_config,
 )
-from hf_clroute.char_tokenizer import CharTokenizer  # noqa: E402
+from hf_clroute.backbones.char_tokenizer import CharTokenizer  # noqa: E402
 from hf_clroute.heads import IncrementalClassifier, task_mask_logits  # noqa: E402
 
 CORPUS = ["To be, or not to be, that is the question:\n", "Whether 'tis nobler in the mind"]

@@ -11,8 +11,7 @@ from safetensors import safe_open
 from transformers import AutoTokenizer, BertModel, GPT2LMHeadModel, ViTModel
 
 from hf_clroute import CLConfig, ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.backbones import char_lm_config, offline_model_path, tiny_bert_config, tiny_vit_config
-from hf_clroute.bench.classification import summarize_result
+from hf_clroute.backbones.catalog import char_lm_config, offline_model_path, tiny_bert_config, tiny_vit_config
 from hf_clroute.baselines import (
     ERConfig,
     EWCConfig,
@@ -28,10 +27,11 @@ from hf_clroute.baselines import (
     SLDAConfig,
     VPTConfig,
 )
+from hf_clroute.bench.runners.classification import summarize_result
+from hf_clroute.core.model import PEFT_WEIGHTS_NAME, WEIGHTS_NAME, CLModel
+from hf_clroute.core.outputs import model_inputs
 from hf_clroute.data import ImageCollator, TextClassificationCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
-from hf_clroute.outputs import model_inputs
-from hf_clroute.model import PEFT_WEIGHTS_NAME, WEIGHTS_NAME, CLModel
 
 IMAGE_METHODS = {
     "finetune": FinetuneConfig,

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from hf_clroute.bench.harness.suites import SuiteConfig, builtin_suites
 from hf_clroute.cli import main
-from hf_clroute.bench.suites import SuiteConfig, builtin_suites
 
 METHOD_KEYS = {
     "A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC", "trainable_params", "trainable_pct",
@@ -35,9 +35,9 @@ def test_bench_writes_results_in_the_shared_shape(tiny_suite, tmp_path, capsys):
 
 
 def test_cached_features_give_the_same_ncm_result_as_raw_inputs(tiny_suite, tmp_path):
-    from hf_clroute.bench.classification import run_method
-    from hf_clroute.bench.feature_cache import FeatureCollator, cache_stream_features
-    from hf_clroute.bench.suites import build_stream, load_suite_backbone
+    from hf_clroute.bench.harness.feature_cache import FeatureCollator, cache_stream_features
+    from hf_clroute.bench.harness.suites import build_stream, load_suite_backbone
+    from hf_clroute.bench.runners.classification import run_method
 
     suite = SuiteConfig.load(str(tiny_suite))
     stream = build_stream(suite, seed=0)
@@ -86,7 +86,7 @@ def test_methods_command_lists_methods_and_variants(capsys):
 
 
 def test_a_method_variant_changes_only_what_it_lists():
-    from hf_clroute.bench.settings import resolve_run
+    from hf_clroute.bench.harness.settings import resolve_run
 
     suite = SuiteConfig.load("split-mnist")
     lora, variant = resolve_run(suite, "lora", 0), resolve_run(suite, "lora-ctl", 0)
@@ -124,8 +124,8 @@ def test_the_wheel_ships_the_builtin_suites_and_the_card_template(tmp_path):
     import zipfile
     from pathlib import Path
 
-    from hf_clroute.bench.cards import TEMPLATE
-    from hf_clroute.bench.settings import CONFIG_ROOT
+    from hf_clroute.bench.harness.settings import CONFIG_ROOT
+    from hf_clroute.bench.reports.cards import TEMPLATE
 
     repo = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(repo), "--no-deps", "--no-build-isolation", "-q",
@@ -139,8 +139,8 @@ def test_the_wheel_ships_the_builtin_suites_and_the_card_template(tmp_path):
 
 
 def test_tune_picks_on_validation_and_bench_trains_with_the_pick(tiny_suite, tmp_path, monkeypatch):
-    from hf_clroute.bench import tune as tuning
-    from hf_clroute.bench.classification import run as run_classification
+    from hf_clroute.bench.runners import tune as tuning
+    from hf_clroute.bench.runners.classification import run as run_classification
 
     data = json.loads(Path(tiny_suite).read_text())
     data["validation_per_class"] = 4
@@ -178,7 +178,7 @@ def test_tune_picks_on_validation_and_bench_trains_with_the_pick(tiny_suite, tmp
 
 
 def test_search_budget_is_the_same_for_every_method():
-    from hf_clroute.bench.tune import BUDGET, search_grid
+    from hf_clroute.bench.runners.tune import BUDGET, search_grid
 
     assert len(search_grid("rwf", trains=True)) == BUDGET
     assert len(search_grid("finetune", trains=True)) == BUDGET  # no knob of its own: weight decay
@@ -186,7 +186,7 @@ def test_search_budget_is_the_same_for_every_method():
 
 
 def test_merge_reads_a_suite_field_missing_from_an_older_run_as_its_default():
-    from hf_clroute.bench.suites import SuiteConfig, same_suite_config
+    from hf_clroute.bench.harness.suites import SuiteConfig, same_suite_config
 
     old = {"name": "split-mnist", "n_tasks": 5, "methods": ["ncm"]}  # recorded before image_size/test_split existed
     assert same_suite_config(old, {**old, "image_size": None, "test_split": "test"}, SuiteConfig)
@@ -206,7 +206,7 @@ def test_merge_reads_a_suite_field_missing_from_an_older_run_as_its_default():
 
 
 def test_runs_join_a_suite_files_per_method_settings_only_where_their_methods_agree():
-    from hf_clroute.bench.suites import check_mergeable, joined_config
+    from hf_clroute.bench.harness.suites import check_mergeable, joined_config
 
     config = {"name": "wordnet-20tasks", "n_tasks": 20}
     rows = {"suite": "wordnet-20tasks", "config": config, "methods": {"rwf": {}}}  # recorded before the entry
@@ -227,7 +227,7 @@ def test_runs_join_a_suite_files_per_method_settings_only_where_their_methods_ag
 def test_merging_runs_joins_their_selections(tmp_path):
     import json
 
-    from hf_clroute.bench.classification import merge_selections
+    from hf_clroute.bench.runners.classification import merge_selections
 
     for name, methods in (("a", {"rwf": {"pick": {"training.learning_rate": 1e-3}}, "old": {"pick": {}}}),
                           ("b", {"qoa": {"pick": {"training.learning_rate": 3e-3}}})):

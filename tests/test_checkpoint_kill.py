@@ -14,10 +14,10 @@ from test_engine import collator, tiny_backbone
 
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
 from hf_clroute.baselines import FinetuneConfig
+from hf_clroute.core.model import CLModel
 from hf_clroute.data import class_incremental, load_source
 from hf_clroute.engine import checkpoint, make_accelerator
 from hf_clroute.errors import ResumeError
-from hf_clroute.model import CLModel
 
 # 40 training examples per task, batch 8: 5 steps a task. A checkpoint every 5 steps falls on each
 # task's last step, so the task-end checkpoint that follows is a second one at the same step: the

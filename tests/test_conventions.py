@@ -22,14 +22,14 @@ from huggingface_hub import HfApi, ModelCard, hf_hub_download
 from transformers import BertModel, ViTImageProcessor, ViTModel
 
 from hf_clroute import AutoCLModel, get_cl_model
-from hf_clroute.backbones import load_backbone, tiny_bert_config, tiny_vit_config
+from hf_clroute.backbones.assets import asset_revision
+from hf_clroute.backbones.catalog import load_backbone, tiny_bert_config, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig, NCMConfig, PromptTuningBaselineConfig
 from hf_clroute.cli import main
+from hf_clroute.core.model import CONFIG_NAME, WEIGHTS_NAME, CLModel, backbone_fingerprint
+from hf_clroute.core.model_card import minimal_card
 from hf_clroute.errors import HubError, UserInputError
-from hf_clroute.io import PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, HubPushError
-from hf_clroute.model import CONFIG_NAME, WEIGHTS_NAME, CLModel, backbone_fingerprint
-from hf_clroute.model_card import minimal_card
-from hf_clroute.pretrained_assets import asset_revision
+from hf_clroute.hub.io import PEFT_CONFIG_NAME, PEFT_WEIGHTS_NAME, HubPushError
 
 ASSET = "pretrained-vit:vit-mnist-stream"
 PIXELS = {"pixel_values": torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(7))}
@@ -69,7 +69,7 @@ def asset_run(tmp_path_factory):
 
 
 def _suite_predictions(model, suite_file):
-    from hf_clroute.bench.suites import SuiteConfig, build_stream, load_suite_backbone
+    from hf_clroute.bench.harness.suites import SuiteConfig, build_stream, load_suite_backbone
 
     suite = SuiteConfig.load(str(suite_file))
     _, collator = load_suite_backbone(suite)
@@ -79,7 +79,7 @@ def _suite_predictions(model, suite_file):
 
 
 def test_a_bench_adapter_on_the_committed_vit_loads_by_its_directory_alone(asset_run, tmp_path, monkeypatch):
-    from hf_clroute.bench.suites import SuiteConfig, load_suite_backbone
+    from hf_clroute.bench.harness.suites import SuiteConfig, load_suite_backbone
 
     adapter = asset_run / "run" / "adapters" / "finetune"
     config = json.loads((adapter / CONFIG_NAME).read_text())
@@ -235,8 +235,8 @@ def test_the_cli_refuses_an_adapter_on_other_weights(tiny_suite, tmp_path, capsy
 
 def test_continuing_an_adapter_from_the_bench_trains_it(tmp_path):
     """`--from-adapter` loads with is_trainable=True: a frozen reload would continue training nothing."""
-    from hf_clroute.bench.classification import load_adapter_to_continue
-    from hf_clroute.bench.suites import SuiteConfig
+    from hf_clroute.bench.harness.suites import SuiteConfig
+    from hf_clroute.bench.runners.classification import load_adapter_to_continue
 
     model = head_trained(get_cl_model(tiny_vit(seed=0), FinetuneConfig()))
     model.save_pretrained(tmp_path)
@@ -258,7 +258,7 @@ def test_hub_errors_name_the_repo_and_the_server(hub_server, hub_repo_id, tmp_pa
     with hub_server.faulty("hang"):
         with pytest.raises(HubError, match=f"the Hub at {hub_server.url} did not answer within 1.5 s .*HF_CLROUTE_HUB_TIMEOUT"):
             CLModel.from_pretrained(tiny_vit(), hub_repo_id, force_download=True)
-        with pytest.raises(HubPushError, match=f"did not answer within 1.5 s.*local files are intact"):
+        with pytest.raises(HubPushError, match="did not answer within 1.5 s.*local files are intact"):
             model.push_to_hub(hub_repo_id)
     monkeypatch.setenv("HF_CLROUTE_HUB_TIMEOUT", "soon")
     with pytest.raises(UserInputError, match="HF_CLROUTE_HUB_TIMEOUT='soon'"):
@@ -277,7 +277,7 @@ def test_the_minimal_card_carries_license_datasets_commit_and_versions():
 
 
 def test_a_cached_backbone_that_differs_from_the_committed_asset_is_replaced(tmp_path, monkeypatch):
-    from hf_clroute.backbones import resolve_backbone_name
+    from hf_clroute.backbones.catalog import resolve_backbone_name
 
     monkeypatch.setenv("HF_CLROUTE_CACHE", str(tmp_path))
     path = resolve_backbone_name(ASSET)

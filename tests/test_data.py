@@ -381,7 +381,7 @@ def test_load_text_corpus_local_references(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"split 'test', column 'text'.*no such file"):
         load_text_corpus({"train": str(train), "test": str(tmp_path / "missing.txt")})
     # Anything that is not a source or a local path goes to the Hub (online, or the HF cache offline).
-    import hf_clroute.data.loading as loading
+    import hf_clroute.data.labeled as loading
 
     seen = []
     monkeypatch.setattr(loading, "load_dataset", lambda ref, **kw: seen.append(ref) or DatasetDict(

@@ -14,7 +14,7 @@ import torch
 from transformers import ViTImageProcessor, ViTModel
 
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.backbones import tiny_vit_config
+from hf_clroute.backbones.catalog import tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig, NCMConfig
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from hf_clroute.bench.evaluate import evaluate_adapter
 from hf_clroute.cli import main
+from hf_clroute.commands.evaluate import evaluate_adapter
 
 MNIST = ["0", "1", "2", "3"]
 

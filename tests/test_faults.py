@@ -157,7 +157,7 @@ def test_a_corrupt_image_names_the_dataset_split_and_row(suite_file, image_folde
 
 def test_more_test_examples_per_class_than_a_split_has_is_refused_or_kept_on_request(suite_file, image_folder,
                                                                                      tmp_path, capsys):
-    from hf_clroute.bench.suites import SuiteConfig, build_stream
+    from hf_clroute.bench.harness.suites import SuiteConfig, build_stream
 
     fields = {"dataset": str(image_folder), "max_classes": 0, "train_per_class": None, "test_per_class": 5}
     path = derived(tmp_path, suite_file, **fields)
@@ -210,8 +210,8 @@ def test_a_changed_suite_is_refused_before_any_checkpoint_is_touched(suite_file,
           "was written by another run", "suite field 'test_per_class' is 8 there but 6 now")
     resume_args = ["--resume", "--checkpoint-every", "2"]
     with pytest.raises(ResumeError, match="training field 'learning_rate' is 0.001 there but 0.01 now"):
-        from hf_clroute.bench.training_run import load_run_config
-        from hf_clroute.bench.training_run import train as train_run
+        from hf_clroute.commands.train import load_run_config
+        from hf_clroute.commands.train import train as train_run
 
         config = load_run_config(None, suite=str(suite_file), method="finetune", output_dir=str(out),
                                  training={"learning_rate": 0.01})

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_clroute.backbones import get_blocks
-from hf_clroute.bench.headroom import (
+from hf_clroute.backbones.catalog import get_blocks
+from hf_clroute.bench.harness.suites import SuiteConfig, build_stream, load_suite_backbone
+from hf_clroute.bench.studies.headroom import (
     READOUTS,
     HeadroomSuite,
     _choose,
@@ -26,7 +27,6 @@ from hf_clroute.bench.headroom import (
     slda_readout,
     tune_grid,
 )
-from hf_clroute.bench.suites import SuiteConfig, build_stream, load_suite_backbone
 from hf_clroute.cli import main
 
 
@@ -152,7 +152,7 @@ def test_a_merge_refuses_seeds_run_with_different_picks(bench_part, tmp_path):
     row = results["methods"]["lastblock"]["per_seed"][0]
     row["selection"]["learning_rates"] = [0.01]  # as if seed 1 had chosen its pick from another grid
     (parts[1] / "results.json").write_text(json.dumps(results))
-    from hf_clroute.bench.headroom import merge
+    from hf_clroute.bench.studies.headroom import merge
 
     with pytest.raises(UserInputError, match=r"'lastblock'.*different picks.*seeds \[0\].*seeds \[1\]"):
         merge(parts, tmp_path / "merged")
@@ -205,9 +205,9 @@ def test_adapted_module_is_frozen_and_lastblock_trains_the_last_block(headroom_f
 def test_feature_passes_run_the_backbone_in_eval_mode(headroom_file, tmp_path):
     from transformers import ViTModel
 
-    from hf_clroute.backbones import tiny_vit_config
+    from hf_clroute.backbones.catalog import tiny_vit_config
     from hf_clroute.baselines import FinetuneConfig
-    from hf_clroute.model import get_cl_model
+    from hf_clroute.core.model import get_cl_model
 
     headroom = HeadroomSuite.load(str(headroom_file))
     suite = SuiteConfig.load(headroom.suite)
@@ -259,7 +259,7 @@ def test_an_edge_pick_extends_its_axis_by_tunes_rule(headroom_file, monkeypatch,
     import dataclasses
     import math
 
-    import hf_clroute.bench.headroom as headroom_module
+    import hf_clroute.bench.studies.headroom as headroom_module
 
     def score(lr, epochs):
         quality = epochs if peak_epochs is None else -abs(epochs - peak_epochs)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from transformers import ViTModel
 
 from hf_clroute import CLConfig, ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.backbones import tiny_vit_config
+from hf_clroute.backbones.catalog import tiny_vit_config
 from hf_clroute.baselines import (
     FinetuneConfig,
     KNNConfig,
@@ -20,12 +20,12 @@ from hf_clroute.baselines import (
     SimpleCILConfig,
     SLDAConfig,
 )
+from hf_clroute.core.model import CLModel
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
 from hf_clroute.heads import IncrementalClassifier, StatisticsHead, build_head
 from hf_clroute.methods.base import StepContext, cross_entropy_over_scored
 from hf_clroute.methods.qoa import QoaConfig
-from hf_clroute.model import CLModel
 
 D = tiny_vit_config().hidden_size
 TOL = {"rtol": 1e-9, "atol": 1e-9}  # float64 sums in another order / batching

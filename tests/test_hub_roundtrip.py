@@ -7,10 +7,10 @@ import torch
 from transformers import ViTModel
 
 from hf_clroute import get_cl_model
-from hf_clroute.backbones import tiny_vit_config
+from hf_clroute.backbones.catalog import tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig
-from hf_clroute.io import HubPushError
-from hf_clroute.model import CLModel
+from hf_clroute.core.model import CLModel
+from hf_clroute.hub.io import HubPushError
 
 
 def tiny_vit(seed: int = 0) -> ViTModel:

@@ -14,13 +14,13 @@ import torch
 from datasets import ClassLabel, Dataset
 from huggingface_hub import hf_hub_download
 
-from hf_clroute.bench.suites import SuiteConfig, build_stream, load_suite_backbone
+from hf_clroute.bench.harness.suites import SuiteConfig, build_stream, load_suite_backbone
 from hf_clroute.cli import main
+from hf_clroute.core.labels import align_stream
+from hf_clroute.core.model import CLModel
 from hf_clroute.data import Experience, column_array, load_labeled_dataset
 from hf_clroute.engine import ContinualTrainer, TrainingConfig
-from hf_clroute.labels import align_stream
 from hf_clroute.methods.base import StepContext
-from hf_clroute.model import CLModel
 
 FASHION = ClassLabel(names=["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
                             "Bag", "Ankle boot"])
@@ -104,7 +104,7 @@ def test_labels_are_recorded_pushed_and_scored_by_name(trained, suites, hub_serv
         scores[seed] = _overall(capsys.readouterr().out)
     assert scores[0] == scores[1] == pytest.approx(by_name, abs=0.006)
     # Seed 1's ids read as they are would score other classes: the match by name is what makes it right.
-    monkeypatch.setattr("hf_clroute.labels.align_stream", lambda stream, config, **kwargs: list(stream))
+    monkeypatch.setattr("hf_clroute.core.labels.align_stream", lambda stream, config, **kwargs: list(stream))
     assert main(["evaluate", "--adapter", hub_repo_id, "--suite", suites["four"], "--seed", "1"]) == 0
     assert _overall(capsys.readouterr().out) != scores[1]
 
@@ -152,7 +152,7 @@ def _named_experience(names: list[str], ids: list[int], task: int = 0) -> Experi
 
 
 def test_python_api_remaps_or_refuses_colliding_ids(trained, suites):
-    from hf_clroute.bench.feature_cache import FeatureCollator
+    from hf_clroute.bench.harness.feature_cache import FeatureCollator
 
     model = CLModel.from_pretrained(load_suite_backbone(SuiteConfig.load(suites["four"]))[0],
                                     trained / "adapters" / "finetune")

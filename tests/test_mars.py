@@ -21,15 +21,15 @@ from datasets import Dataset
 from transformers import BertModel, ViTModel
 
 from hf_clroute import CLModel, ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.backbones import tiny_bert_config, tiny_vit_config
-from hf_clroute.data.streams import Experience
+from hf_clroute.backbones.catalog import tiny_bert_config, tiny_vit_config
+from hf_clroute.bench.harness.feature_cache import FeatureCollator
+from hf_clroute.data.experiences import Experience
 from hf_clroute.engine import make_accelerator
-from hf_clroute.bench.feature_cache import FeatureCollator
 from hf_clroute.methods.mars import ExpansionTest, MarsConfig, SlotMemory, wilson_lower_bound
 from hf_clroute.methods.mars.class_statistics import ClassStatistics
 from hf_clroute.methods.mars.method import distillation
-from hf_clroute.methods.mars.slot_statistics import SlotStatistics
 from hf_clroute.methods.mars.sgse import binomial_cdf, expansion_timing, threshold_for_alpha
+from hf_clroute.methods.mars.slot_statistics import SlotStatistics
 
 D = 32  # tiny_vit_config hidden size
 
@@ -778,8 +778,8 @@ def test_stage1_rehearses_the_memory_on_routed_anchors():
                "mars-no-sgse", "mars-no-anchor"]
 )
 def test_settings_files_name_the_variants_and_search_with_the_same_budget(method, checked_search_grid):
-    from hf_clroute.bench.settings import resolve_run
-    from hf_clroute.bench.suites import SuiteConfig
+    from hf_clroute.bench.harness.settings import resolve_run
+    from hf_clroute.bench.harness.suites import SuiteConfig
 
     suite = SuiteConfig.load("split-mnist")
     config = resolve_run(suite, method, 0).adapter_config
@@ -791,8 +791,8 @@ def test_settings_files_name_the_variants_and_search_with_the_same_budget(method
 
 @pytest.mark.parametrize("method", ["mars", "mars-gaussian-align"])
 def test_each_mars_row_has_a_control_that_differs_only_in_the_memory(method):
-    from hf_clroute.bench.settings import method_file, method_search, resolve_run
-    from hf_clroute.bench.suites import SuiteConfig
+    from hf_clroute.bench.harness.settings import method_file, method_search, resolve_run
+    from hf_clroute.bench.harness.suites import SuiteConfig
 
     suite = SuiteConfig.load("split-mnist")
     control = method_file(method)["control"]

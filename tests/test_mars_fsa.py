@@ -16,15 +16,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
+from test_mars import D, one_thread, tiny_vit  # noqa: F401  (one_thread: an autouse fixture)
 
 from hf_clroute import CLModel, ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.bench.feature_cache import FeatureCollator
-from hf_clroute.data.streams import Experience
+from hf_clroute.bench.harness.feature_cache import FeatureCollator
+from hf_clroute.data.experiences import Experience
 from hf_clroute.engine import make_accelerator
 from hf_clroute.engine.first_session import adapter_parameters
 from hf_clroute.methods.mars import MarsConfig
-
-from test_mars import D, one_thread, tiny_vit  # noqa: F401  (one_thread: an autouse fixture)
 
 
 def feature_stream(n_domains: int, train_per_class: int = 30, test_per_class: int = 10, seed: int = 0) -> list[Experience]:
@@ -190,9 +189,9 @@ def test_settings_row_resolves_for_split_mnist():
     """(e) The row: MaRS with mars-paper's memory (the first reading, as the row was measured), the LDA
     head, adaptation on the first task for 5 epochs, control slda; the tuner's 12 points (the shared learning rates x the adaptation's epochs) each resolve
     to a run with their values (a nested key, so through the tuner's ``selected``)."""
-    from hf_clroute.bench.settings import method_file, method_variants, resolve_run
-    from hf_clroute.bench.suites import SuiteConfig
-    from hf_clroute.bench.tune import BUDGET, LEARNING_RATES, search_grid, selected
+    from hf_clroute.bench.harness.settings import method_file, method_variants, resolve_run
+    from hf_clroute.bench.harness.suites import SuiteConfig
+    from hf_clroute.bench.runners.tune import BUDGET, LEARNING_RATES, search_grid, selected
 
     suite = SuiteConfig.load("split-mnist")
     run = resolve_run(suite, "mars-fsa-slda", 0)

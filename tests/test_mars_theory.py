@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from test_mars import D, _into_second_task, feature_stream, fit, small_config, tiny_vit
 
 from hf_clroute import CLModel, get_cl_model
-from hf_clroute.bench.feature_cache import FeatureCollator
+from hf_clroute.bench.harness.feature_cache import FeatureCollator
 from hf_clroute.methods.mars import ExpansionTest, SlotMemory
 from hf_clroute.methods.mars.method import distillation
 from hf_clroute.methods.mars.sgse import reference_success_cdf
-from test_mars import D, _into_second_task, feature_stream, fit, small_config, tiny_vit
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -295,8 +295,8 @@ def test_new_options_reject_bad_values_naming_the_field(field, value):
 
 
 def test_mars_row_sets_the_options_and_mars_paper_keeps_the_first_reading():
-    from hf_clroute.bench.settings import resolve_run
-    from hf_clroute.bench.suites import SuiteConfig
+    from hf_clroute.bench.harness.settings import resolve_run
+    from hf_clroute.bench.harness.suites import SuiteConfig
 
     suite = SuiteConfig.load("split-mnist")
     options = ("full_output_consistency", "anchor_memory", "reference_window", "novelty_statistic", "stage2_ratio")

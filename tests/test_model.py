@@ -9,10 +9,10 @@ import torch
 from transformers import BertModel, ViTForImageClassification, ViTModel
 
 from hf_clroute import CLConfig, available_methods, get_cl_model
-from hf_clroute.backbones import tiny_bert_config, tiny_vit_config
+from hf_clroute.backbones.catalog import tiny_bert_config, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig, NCMConfig
+from hf_clroute.core.model import CONFIG_NAME, WEIGHTS_NAME, CLModel
 from hf_clroute.methods.base import StepContext
-from hf_clroute.model import CONFIG_NAME, WEIGHTS_NAME, CLModel
 
 
 def tiny_vit(seed: int = 0) -> ViTModel:
@@ -166,7 +166,7 @@ def test_mismatched_backbone_is_reported(tmp_path):
 def test_unsupported_modality_for_method():
     from transformers import GPT2LMHeadModel
 
-    from hf_clroute.backbones import char_lm_config
+    from hf_clroute.backbones.catalog import char_lm_config
 
     with pytest.raises(ValueError, match="supports"):
         get_cl_model(GPT2LMHeadModel(char_lm_config(vocab_size=40, n_layer=2, n_embd=32, n_head=2)), NCMConfig())

@@ -14,9 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_clroute.bench.settings import resolve_run
-from hf_clroute.bench.standins import STANDIN_BACKBONES, STANDIN_DATASETS, bert_base_config, vit_b16_config
-from hf_clroute.bench.suites import SuiteConfig, build_stream, load_suite_backbone
+from hf_clroute.backbones.pretraining.standins import (
+    STANDIN_BACKBONES,
+    STANDIN_DATASETS,
+    bert_base_config,
+    vit_b16_config,
+)
+from hf_clroute.bench.harness.settings import resolve_run
+from hf_clroute.bench.harness.suites import SuiteConfig, build_stream, load_suite_backbone
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER_SUITES = ("split-cifar100", "split-imagenet-r", "split-banking77")
@@ -161,7 +166,7 @@ def _launch(tmp_path: Path, precision: str) -> tuple[Path, dict]:
 
 def _reloaded_accuracy(suite: SuiteConfig, adapter: Path, bf16: bool) -> list[float]:
     """The final row of R, recomputed from the saved adapter on a freshly loaded backbone."""
-    from hf_clroute.model import CLModel
+    from hf_clroute.core.model import CLModel
 
     backbone, collator = load_suite_backbone(suite)
     model = CLModel.from_pretrained(backbone, adapter).eval()

@@ -11,9 +11,9 @@ from safetensors import safe_open
 from transformers import BertModel, GPT2LMHeadModel, ViTImageProcessor, ViTModel
 
 from hf_clroute import AutoCLModel, get_cl_model
-from hf_clroute.backbones import char_lm_config, load_backbone, tiny_bert_config, tiny_vit_config
+from hf_clroute.backbones.catalog import char_lm_config, load_backbone, tiny_bert_config, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig, LoraBaselineConfig, PromptTuningBaselineConfig
-from hf_clroute.model import CONFIG_NAME, PEFT_WEIGHTS_NAME, WEIGHTS_NAME, CLModel, load_config
+from hf_clroute.core.model import CONFIG_NAME, PEFT_WEIGHTS_NAME, WEIGHTS_NAME, CLModel, load_config
 
 
 def saved_backbone(path, model_cls, config):

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from hf_clroute.bench.plasticity import build_learner, load_plasticity_suite, run
+from hf_clroute.bench.runners.plasticity import build_learner, load_plasticity_suite, run
 
 
 def test_the_regime_suite_is_plain_backprop_against_continual_backprop_and_qoa():
@@ -60,7 +60,7 @@ def test_the_paper_support_row_is_qoa_with_a_support_of_1000_in_training_and_eva
 
 
 def test_a_variant_run_apart_merges_beside_the_base_rows_on_the_same_stream(tmp_path):
-    from hf_clroute.bench.plasticity import merge
+    from hf_clroute.bench.runners.plasticity import merge
 
     run("permuted-mnist-plasticity", methods=["backprop", "qoa"], seeds=[0], quick=True, out=tmp_path / "base")
     run("permuted-mnist-plasticity", methods=["qoa-s1000"], seeds=[0], quick=True, out=tmp_path / "variant")
@@ -77,7 +77,7 @@ def test_a_variant_run_apart_merges_beside_the_base_rows_on_the_same_stream(tmp_
     ({"method": "qoa", "qoa": 10}, "qoa must be an object"),
 ])
 def test_a_bad_variant_is_refused_naming_it(entry, message):
-    from hf_clroute.bench.plasticity import PlasticitySuite
+    from hf_clroute.bench.runners.plasticity import PlasticitySuite
 
     with pytest.raises(ValueError, match="method_settings\\['mine'\\]") as err:
         PlasticitySuite(name="s", kind="permuted-mnist", method_settings={"mine": entry})

@@ -6,7 +6,7 @@ import copy
 
 
 def test_a_plot_folder_is_redrawn_only_when_its_results_or_the_plotting_code_change(tmp_path, monkeypatch):
-    from hf_clroute.bench import plots
+    from hf_clroute.bench.reports import plots
 
     results = {"suite": "tiny", "methods": {"ncm": {"accuracy_matrix": [[0.9, 0.0], [0.7, 0.8]],
                                                    "A_T": {"mean": 0.75, "std": 0.0},

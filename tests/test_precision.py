@@ -8,14 +8,16 @@ import pytest
 import torch
 from transformers import ViTModel
 
-from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model, precision, threads
-from hf_clroute.backbones import tiny_vit_config
+from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
+from hf_clroute.backbones import precision
+from hf_clroute.backbones.catalog import tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig, SLDAConfig
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import evaluate_experience, make_accelerator
 from hf_clroute.engine.evaluation import feature_batches
 from hf_clroute.engine.evaluation import test_loader as make_test_loader
 from hf_clroute.errors import NonFiniteTrainingError, UserInputError
+from hf_clroute.runtime import threads
 
 BF16 = torch.bfloat16
 TINY = {"model_type": "vit", "hidden_size": 32}  # tiny_vit_config()
@@ -316,14 +318,14 @@ def test_the_optimizer_is_fused_where_training_runs_in_bf16(stream):
 
 
 def _image_methods() -> list[str]:
-    from hf_clroute.registry import available_methods
+    from hf_clroute.core.registry import available_methods
     return [m for m in available_methods() if m != "prompt_tuning"]  # prompt tuning needs word embeddings
 
 
 @pytest.mark.parametrize("method", _image_methods())
 def test_every_method_trains_and_scores_under_bf16(stream, method):
     """Replay memories, distillation targets, routers and statistics all meet bf16 activations here."""
-    from hf_clroute.registry import get_method
+    from hf_clroute.core.registry import get_method
 
     model = _model(get_method(method).config_class())
     result = _trainer(stream, model, precision="bf16").fit()

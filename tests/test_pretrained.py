@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_clroute.bench import pretrain_vit, pretrained
-from hf_clroute.bench.pretrain_vit import pretrained_vit_path
-from hf_clroute.bench.pretrained import RECIPES, frozen_probe_report
+from hf_clroute.backbones.pretraining import recipes as pretrained
+from hf_clroute.backbones.pretraining import vit as pretrain_vit
+from hf_clroute.backbones.pretraining.recipes import RECIPES, frozen_probe_report
+from hf_clroute.backbones.pretraining.vit import pretrained_vit_path
+
 
 def load_training_script():
-    """``training/pretrain_vit.py``, the command line over :mod:`hf_clroute.bench.pretrain_vit`."""
+    """``training/pretrain_vit.py``, the command line over :mod:`hf_clroute.backbones.pretraining.vit`."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(

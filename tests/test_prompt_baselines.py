@@ -17,13 +17,13 @@ import torch.nn.functional as F
 from transformers import BertModel, ViTImageProcessor, ViTModel
 
 from hf_clroute import CLModel, get_cl_model
-from hf_clroute.backbones import get_blocks, tiny_bert_config, tiny_vit_config
+from hf_clroute.backbones.catalog import get_blocks, tiny_bert_config, tiny_vit_config
 from hf_clroute.baselines import CodaPromptConfig, DualPromptConfig, L2PConfig, OnlineLoraConfig
 from hf_clroute.baselines.coda_prompt import orthogonal_to
 from hf_clroute.baselines.online_lora import MergeableLoRA, OnlineLora
 from hf_clroute.baselines.prompt_pool import PrefixAttention
+from hf_clroute.core.outputs import CLModelOutput
 from hf_clroute.methods.base import ContinualMethod, StepContext
-from hf_clroute.outputs import CLModelOutput
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = {"l2p": L2PConfig, "dualprompt": DualPromptConfig, "coda-prompt": CodaPromptConfig, "online-lora": OnlineLoraConfig}
@@ -366,8 +366,8 @@ def test_save_and_load_give_identical_predictions(method, tmp_path):
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_settings_files_give_the_paper_defaults_and_a_full_search_budget(method, checked_search_grid):
-    from hf_clroute.bench.settings import resolve_run
-    from hf_clroute.bench.suites import SuiteConfig
+    from hf_clroute.bench.harness.settings import resolve_run
+    from hf_clroute.bench.harness.suites import SuiteConfig
 
     checked_search_grid(method)
     settings = resolve_run(SuiteConfig.load("split-mnist"), method, seed=3)

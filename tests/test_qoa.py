@@ -10,8 +10,10 @@ import torch.nn.functional as F
 from transformers import ViTModel
 
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.backbones import tiny_vit_config
-from hf_clroute.bench.flops import count_flops
+from hf_clroute.backbones.catalog import tiny_vit_config
+from hf_clroute.bench.harness.flops import count_flops
+from hf_clroute.core.model import CLModel
+from hf_clroute.core.outputs import CLModelOutput
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
 from hf_clroute.methods.base import StepContext
@@ -22,8 +24,6 @@ from hf_clroute.methods.qoa import (
     SimilarityAttention,
 )
 from hf_clroute.methods.qoa.head import class_balanced_indices
-from hf_clroute.model import CLModel
-from hf_clroute.outputs import CLModelOutput
 
 
 def tiny_vit(seed: int = 0) -> ViTModel:
@@ -286,7 +286,7 @@ def test_qoa_head_through_the_engine_on_mnist():
 
 
 def test_plasticity_diagnostics_and_baselines():
-    from hf_clroute.bench.plasticity import (
+    from hf_clroute.bench.runners.plasticity import (
         ContinualBackprop,
         FullAttention,
         effective_rank,
@@ -314,7 +314,7 @@ def test_plasticity_diagnostics_and_baselines():
 
 
 def test_memory_mlps_get_qoas_task_ids_and_memory():
-    from hf_clroute.bench.plasticity import (
+    from hf_clroute.bench.runners.plasticity import (
         PlasticitySuite,
         Task,
         build_learner,
@@ -405,7 +405,7 @@ def test_plasticity_seeds_run_apart_merge_into_the_joint_table(tmp_path, capsys)
 
 
 def test_cost_table_counts_full_attention_as_quadratic_and_qoa_as_linear():
-    from hf_clroute.bench.plasticity import PlasticitySuite, cost_versus_support
+    from hf_clroute.bench.runners.plasticity import PlasticitySuite, cost_versus_support
 
     suite = PlasticitySuite(name="t", kind="permuted-mnist", qoa={"hidden_size": 16, "num_layers": 1},
                             attention={"d_model": 16, "num_layers": 1, "num_heads": 2})

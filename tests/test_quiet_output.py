@@ -15,7 +15,7 @@ from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
 from hf_clroute.baselines import FinetuneConfig
 from hf_clroute.data import class_incremental, load_source
 from hf_clroute.engine import make_accelerator
-from hf_clroute.progress import bars_enabled, task_line
+from hf_clroute.runtime.progress import bars_enabled, task_line
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
@@ -52,7 +52,7 @@ def _fit(stream, progress: bool) -> None:
     import torch
     from transformers import ViTModel
 
-    from hf_clroute.backbones import tiny_vit_config
+    from hf_clroute.backbones.catalog import tiny_vit_config
     from hf_clroute.data import ImageCollator
 
     torch.manual_seed(0)
@@ -86,8 +86,8 @@ def test_loading_an_image_backbone_twice_warns_about_nothing(tmp_path):
         import logging, warnings
         import torch
         from transformers import ViTModel
-        from hf_clroute.backbones import load_backbone, tiny_vit_config, vit_image_processor
-        from hf_clroute.bench.standins import vit_b16_processor
+        from hf_clroute.backbones.catalog import load_backbone, tiny_vit_config, vit_image_processor
+        from hf_clroute.backbones.pretraining.standins import vit_b16_processor
 
         logging.basicConfig(level=logging.WARNING)
         warnings.simplefilter("always")

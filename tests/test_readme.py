@@ -102,7 +102,7 @@ def workspace(tmp_path_factory: pytest.TempPathFactory, hub_server) -> tuple[Pat
     import torch
     from transformers import ViTForImageClassification, ViTImageProcessor
 
-    from hf_clroute.backbones import tiny_vit_config
+    from hf_clroute.backbones.catalog import tiny_vit_config
     from hf_clroute.data.sources import cache_dir
 
     root = tmp_path_factory.mktemp("readme")
@@ -172,7 +172,7 @@ def test_make_demo_prints_its_table(tmp_path: Path):
     not this test's) and no backbone, so the demo must prepare MNIST alone and install the
     committed pretrained ViT, not pretrain one.
     """
-    from hf_clroute.bench.pretrained import asset_dir
+    from hf_clroute.backbones.pretraining.recipes import asset_dir
     from hf_clroute.data.sources import prepare_source
 
     cache = tmp_path / "cache"

@@ -8,9 +8,9 @@ import dataclasses
 
 import pytest
 
-from hf_clroute.bench.relabel import parse_renames, rename_rows
-from hf_clroute.bench.settings import resolve_run
-from hf_clroute.bench.suites import SuiteConfig
+from hf_clroute.bench.harness.relabel import parse_renames, rename_rows
+from hf_clroute.bench.harness.settings import resolve_run
+from hf_clroute.bench.harness.suites import SuiteConfig
 from hf_clroute.errors import UserInputError
 
 ADDED_BY_ISSUE_32 = ("full_output_consistency", "anchor_memory", "reference_window", "stage2_ratio")

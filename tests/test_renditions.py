@@ -10,10 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_clroute.bench import pretrain_vit, pretrained
-from hf_clroute.bench.pretrain_vit import pretrained_vit_path
-from hf_clroute.bench.pretrained import RECIPES, load_images
-from hf_clroute.bench.suites import SuiteConfig, build_stream
+from hf_clroute.backbones.pretraining import recipes as pretrained
+from hf_clroute.backbones.pretraining import vit as pretrain_vit
+from hf_clroute.backbones.pretraining.recipes import RECIPES, load_images
+from hf_clroute.backbones.pretraining.vit import pretrained_vit_path
+from hf_clroute.bench.harness.suites import SuiteConfig, build_stream
 from hf_clroute.data import load_source
 from hf_clroute.data.renditions import STYLES, example_rng, render, render_images
 

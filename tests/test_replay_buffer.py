@@ -4,7 +4,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from hf_clroute.replay_buffer import ReservoirBuffer
+from hf_clroute.core.replay_buffer import ReservoirBuffer
 
 
 def fill(buffer: ReservoirBuffer, n: int, batch: int = 7) -> None:

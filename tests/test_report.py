@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hf_clroute.bench.report import write_benchmarks
+from hf_clroute.bench.reports.report import write_benchmarks
 
 
 def fake_run(root, suite: str, a_t: dict[str, float], image: bool = False) -> None:
@@ -22,9 +22,9 @@ def fake_run(root, suite: str, a_t: dict[str, float], image: bool = False) -> No
 
 
 def test_report_sets_study_variants_beside_their_base(tmp_path, monkeypatch):
-    import hf_clroute.bench.plots
+    import hf_clroute.bench.reports.plots
 
-    monkeypatch.setattr(hf_clroute.bench.plots, "write_plots", lambda results, out: None)  # plotting is tested elsewhere
+    monkeypatch.setattr(hf_clroute.bench.reports.plots, "write_plots", lambda results, out: None)  # plotting is tested elsewhere
     root = tmp_path / "results"
     fake_run(root, "mnist", {"rwf": 0.5, "finetune": 0.2})
     fake_run(root, "mnist-20pct", {"rwf": 0.4, "finetune": 0.19, "ncm": 0.7})
@@ -41,7 +41,7 @@ def test_report_sets_study_variants_beside_their_base(tmp_path, monkeypatch):
 
 
 def test_a_study_sharing_no_method_with_its_base_gets_no_empty_table():
-    from hf_clroute.bench.report import study_tables
+    from hf_clroute.bench.reports.report import study_tables
 
     row = {"A_T": {"mean": 0.5, "std": 0.01}}
     assert study_tables({"split-mnist": {"ncm": row}, "split-mnist-buffer": {"er-b0": row}}) == ""
@@ -63,7 +63,7 @@ def _row(per_seed: list[float], edge: bool | None = None, validation: float | No
 
 
 def test_the_controls_table_names_its_upper_bound_joint_else_joint_frozen():
-    from hf_clroute.bench.report import controls_table
+    from hf_clroute.bench.reports.report import controls_table
 
     rows = {"rwf": _row([0.5] * 5), "rwf-head-only": _row([0.52] * 5), "slda": _row([0.9] * 5),
             "joint-frozen": _row([0.85] * 5)}
@@ -112,7 +112,7 @@ def test_paired_verdicts_use_the_seeds_both_ran():
 
 
 def test_results_markdown_shows_se_edge_marks_and_paired_verdicts():
-    from hf_clroute.bench.classification import results_markdown, with_verdicts
+    from hf_clroute.bench.runners.classification import results_markdown, with_verdicts
 
     def method(per_seed: list[float], edge: bool | None = None, validation: float | None = None) -> dict:
         stat = {"mean": 0.5, "std": 0.0}
@@ -144,7 +144,7 @@ def test_results_markdown_shows_se_edge_marks_and_paired_verdicts():
 
 
 def test_edge_marks_judge_a_recorded_search_by_the_current_rule():
-    from hf_clroute.bench.report import edge_mark
+    from hf_clroute.bench.reports.report import edge_mark
 
     lr, k = "training.learning_rate", "config.k"
     grid = [{lr: r, k: v} for r in (3e-4, 1e-3, 3e-3) for v in (1, 2, 4)]
@@ -160,7 +160,7 @@ def test_edge_marks_judge_a_recorded_search_by_the_current_rule():
 
 
 def test_the_best_statistics_head_is_chosen_on_validation_never_on_test():
-    from hf_clroute.bench.verdicts import best_statistics_head, comparisons
+    from hf_clroute.bench.harness.verdicts import best_statistics_head, comparisons
 
     rows = {"slda": _row([0.90] * 5, validation=0.80), "ranpac": _row([0.95] * 5, validation=0.78),
             "rwf": _row([0.5] * 5)}
@@ -171,7 +171,7 @@ def test_the_best_statistics_head_is_chosen_on_validation_never_on_test():
 
 
 def test_every_seed_of_a_method_ran_with_one_pick_or_the_table_is_refused(tmp_path):
-    from hf_clroute.bench.results import check_picks, pick_record, write_run
+    from hf_clroute.bench.harness.results import check_picks, pick_record, write_run
     from hf_clroute.errors import UserInputError
 
     tuned = {"pick": {"training.learning_rate": 1e-3}, "seed": 0, "pick_validation_A_T": 0.8, "edge": False}
@@ -193,9 +193,9 @@ def test_every_seed_of_a_method_ran_with_one_pick_or_the_table_is_refused(tmp_pa
 
 
 def test_seeds_run_at_different_precisions_are_joined_but_marked_everywhere():
-    from hf_clroute.bench.classification import results_markdown
-    from hf_clroute.bench.report import controls_table, study_tables, summary_table
-    from hf_clroute.bench.results import mixed_precisions, precision_groups, seed_precision
+    from hf_clroute.bench.harness.results import mixed_precisions, precision_groups, seed_precision
+    from hf_clroute.bench.reports.report import controls_table, study_tables, summary_table
+    from hf_clroute.bench.runners.classification import results_markdown
 
     def precision(**dtypes: str) -> dict:
         return {phase: {"dtype": dtype, "phase": phase, "setting": "auto"} for phase, dtype in dtypes.items()}
@@ -230,10 +230,10 @@ def test_report_runs_over_the_committed_results(tmp_path, monkeypatch):
     import shutil
     from pathlib import Path
 
-    import hf_clroute.bench.plots
-    from hf_clroute.bench.runners import rewrite_markdown
+    import hf_clroute.bench.reports.plots
+    from hf_clroute.bench.runners.dispatch import rewrite_markdown
 
-    monkeypatch.setattr(hf_clroute.bench.plots, "write_plots", lambda results, out: None)
+    monkeypatch.setattr(hf_clroute.bench.reports.plots, "write_plots", lambda results, out: None)
     committed = Path(__file__).resolve().parents[1] / "results"
     for results_file in committed.glob("*/results.json"):
         (tmp_path / results_file.parent.name).mkdir()
@@ -265,7 +265,8 @@ def test_each_committed_selection_json_keeps_the_picks_its_tables_rows_ran_with(
 
 
 def test_the_adaptation_table_pairs_each_adapted_row_with_the_same_head_frozen(monkeypatch):
-    from hf_clroute.bench import report, verdicts
+    from hf_clroute.bench.harness import verdicts
+    from hf_clroute.bench.reports import report
 
     monkeypatch.setattr(verdicts, "method_file", lambda m: {"control": "ranpac-gcv"} if m.endswith("-fsa-ranpac") else {})
     for module in (report, verdicts):
@@ -294,7 +295,7 @@ def test_the_adaptation_table_pairs_each_adapted_row_with_the_same_head_frozen(m
 
 
 def test_the_headroom_table_names_adapters_the_paired_test_calls_better_on_the_strongest_frozen_readout():
-    from hf_clroute.bench.report import headroom_table
+    from hf_clroute.bench.reports.report import headroom_table
 
     def study(seeds, gains, validation=(0.6, 0.8, 0.7)):
         """Frozen test accuracies slda 0.9, ranpac 0.8, probe 0.7 (slda best on test); ``validation``: theirs

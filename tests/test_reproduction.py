@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_clroute.bench.reproduction import CLAIMS_FILE, assess, load_claims, reproduction_table
+from hf_clroute.bench.studies.reproduction import CLAIMS_FILE, assess, load_claims, reproduction_table
 from hf_clroute.errors import UserInputError
 
 

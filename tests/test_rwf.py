@@ -14,14 +14,21 @@ import torch
 from transformers import BertModel, GPT2LMHeadModel, ViTConfig, ViTModel
 
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.backbones import char_lm_config, get_blocks, load_backbone, offline_model_path, tiny_bert_config, tiny_vit_config
+from hf_clroute.backbones.catalog import (
+    char_lm_config,
+    get_blocks,
+    load_backbone,
+    offline_model_path,
+    tiny_bert_config,
+    tiny_vit_config,
+)
 from hf_clroute.baselines.finetune import FinetuneConfig
+from hf_clroute.bench.harness.settings import resolve_run
+from hf_clroute.bench.harness.suites import SuiteConfig
+from hf_clroute.core.model import CLModel
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import Callback, make_accelerator
 from hf_clroute.methods.rwf import HopfieldRouter, RoutedAttention, RwfConfig
-from hf_clroute.model import CLModel
-from hf_clroute.bench.settings import resolve_run
-from hf_clroute.bench.suites import SuiteConfig
 
 SETTINGS = Path(__file__).resolve().parents[1] / "hf_clroute" / "bench" / "configs" / "methods"
 
@@ -362,7 +369,7 @@ def test_save_load_bit_identical(tmp_path, build, inputs):
     model.save_pretrained(tmp_path)
     from safetensors.torch import load_file
 
-    from hf_clroute.model import WEIGHTS_NAME
+    from hf_clroute.core.model import WEIGHTS_NAME
 
     saved = set(load_file(str(tmp_path / WEIGHTS_NAME)))
     assert saved and all(k.startswith(("method.routers.", "head.")) for k in saved)  # no backbone tensor

@@ -40,7 +40,7 @@ def train(method: str, source, streaming: bool = True, cpu: bool = False, resume
     from transformers import ViTModel
 
     from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
-    from hf_clroute.backbones import tiny_vit_config
+    from hf_clroute.backbones.catalog import tiny_vit_config
     from hf_clroute.data import ImageCollator, class_incremental_streaming, parquet_stream
     from hf_clroute.engine import make_accelerator
 
@@ -123,7 +123,7 @@ def test_a_stream_without_class_names_is_refused_before_reading(tmp_path):
 def test_process_share_deals_each_global_batch_in_consecutive_parts():
     from datasets import Dataset
 
-    from hf_clroute.engine.loading import process_share
+    from hf_clroute.engine.batches import process_share
 
     data = Dataset.from_dict({"i": list(range(10))}).to_iterable_dataset(num_shards=2)
     parts = [[row["i"] for row in process_share(data, 4, rank, 2)] for rank in (0, 1)]

@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from hf_clroute.bench.suites import SuiteConfig, build_stream
+from hf_clroute.bench.harness.suites import SuiteConfig, build_stream
 
 
 def poison(stream: list) -> list:
@@ -47,7 +47,7 @@ def test_the_poison_moves_every_test_label(val_suite):
 
 
 def test_tune_picks_the_same_on_a_poisoned_test_split(val_suite, tmp_path, monkeypatch):
-    from hf_clroute.bench import tune as tuning
+    from hf_clroute.bench.runners import tune as tuning
 
     suite = SuiteConfig.load(str(val_suite))
     clean = tuning.tune(suite, ["slda", "finetune"], tmp_path / "clean")
@@ -60,7 +60,7 @@ def test_tune_picks_the_same_on_a_poisoned_test_split(val_suite, tmp_path, monke
 
 
 def test_headroom_picks_the_same_on_a_poisoned_test_split(val_suite, tmp_path, monkeypatch):
-    from hf_clroute.bench import headroom
+    from hf_clroute.bench.studies import headroom
 
     study = tmp_path / "headroom-poison.json"
     study.write_text(json.dumps({"name": "headroom-poison", "runner": "headroom", "suite": str(val_suite),
@@ -80,7 +80,7 @@ def test_headroom_picks_the_same_on_a_poisoned_test_split(val_suite, tmp_path, m
 
 
 def test_ranpac_gcv_lambda_is_the_same_on_a_poisoned_test_split(val_suite):
-    from hf_clroute.bench.classification import run_method
+    from hf_clroute.bench.runners.classification import run_method
 
     suite = SuiteConfig.load(str(val_suite))
     options = {"head_options": {"projection_dim": 256, "ridge_lambda": 1.0, "nonlinearity": "relu",
@@ -95,13 +95,13 @@ def test_ranpac_gcv_lambda_is_the_same_on_a_poisoned_test_split(val_suite):
 
 def test_the_probe_chooses_its_l2_the_same_on_a_poisoned_test_split(val_suite, monkeypatch):
     import torch
-
-    from hf_clroute.backbones import tiny_vit_config
-    from hf_clroute.baselines import NCMConfig
-    from hf_clroute.bench import probes
-    from hf_clroute.bench.suites import load_suite_backbone
-    from hf_clroute.model import get_cl_model
     from transformers import ViTModel
+
+    from hf_clroute.backbones.catalog import tiny_vit_config
+    from hf_clroute.baselines import NCMConfig
+    from hf_clroute.bench.harness import probes
+    from hf_clroute.bench.harness.suites import load_suite_backbone
+    from hf_clroute.core.model import get_cl_model
 
     chosen = []
     fit_probe = probes.fit_probe

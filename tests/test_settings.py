@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from hf_clroute import get_cl_model
-from hf_clroute.backbones import tiny_vit_config
-from hf_clroute.bench.settings import resolve_run
-from hf_clroute.bench.suites import SuiteConfig, read_suite_file
+from hf_clroute.backbones.catalog import tiny_vit_config
+from hf_clroute.bench.harness.settings import resolve_run
+from hf_clroute.bench.harness.suites import SuiteConfig, read_suite_file
 from hf_clroute.methods.mars import MarsConfig
 from hf_clroute.methods.rwf import RwfConfig
 
@@ -101,7 +101,7 @@ def test_committed_runs_resolve_to_the_settings_they_recorded():
     learning rate, so every committed classification run still resolves to what it recorded."""
     from pathlib import Path
 
-    from hf_clroute.bench.suites import builtin_suites
+    from hf_clroute.bench.harness.suites import builtin_suites
 
     checked = 0
     for path in sorted((Path(__file__).resolve().parents[1] / "results").glob("*/results.json")):
@@ -142,7 +142,7 @@ def test_a_null_gradient_clipping_norm_means_no_clipping(tmp_path):
 
 
 def test_a_selection_serves_its_suite_and_the_suites_based_on_it_only(tmp_path):
-    from hf_clroute.bench.suites import load_selection
+    from hf_clroute.bench.harness.suites import load_selection
     from hf_clroute.errors import UserInputError
 
     path = tmp_path / "selection.json"
@@ -164,7 +164,7 @@ def test_a_selection_serves_its_suite_and_the_suites_based_on_it_only(tmp_path):
 def test_only_a_task_count_study_reuses_picks_across_task_counts(tmp_path):
     from dataclasses import replace
 
-    from hf_clroute.bench.suites import load_selection
+    from hf_clroute.bench.harness.suites import load_selection
     from hf_clroute.errors import UserInputError
 
     path = tmp_path / "selection.json"

@@ -11,10 +11,10 @@ import torch
 from huggingface_hub import hf_hub_download, list_repo_files, metadata_load
 
 from hf_clroute import AutoCLModel
+from hf_clroute.bench.harness.suites import SuiteConfig, load_suite_backbone
+from hf_clroute.bench.reports.report import write_benchmarks
 from hf_clroute.cli import main
-from hf_clroute.model import CLModel
-from hf_clroute.bench.report import write_benchmarks
-from hf_clroute.bench.suites import SuiteConfig, load_suite_backbone
+from hf_clroute.core.model import CLModel
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_bench_writes_plots_and_one_adapter_per_method(bench_run):
 
 
 def _predictions(model, suite):
-    from hf_clroute.bench.suites import build_stream
+    from hf_clroute.bench.harness.suites import build_stream
 
     _, collator = load_suite_backbone(suite)
     batch = collator([build_stream(suite, 0)[0].test[i] for i in range(6)])

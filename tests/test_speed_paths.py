@@ -13,13 +13,13 @@ from torch.utils.data import DataLoader
 from transformers import ViTImageProcessor, ViTModel
 
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.backbones import tiny_vit_config
+from hf_clroute.backbones.catalog import tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.data.collate import decode_images, decode_stream
 from hf_clroute.engine import make_accelerator
+from hf_clroute.engine.batches import OrderedStream, training_loader
 from hf_clroute.engine.evaluation import CollatedOnce, EvalCache
-from hf_clroute.engine.loading import OrderedStream, training_loader
 from hf_clroute.engine.trainer import release_prepared
 
 
@@ -237,7 +237,7 @@ def test_a_statistics_pass_keeps_the_model_mode_and_training_steps_run_in_train_
 
 
 def test_chunks_of_large_decoded_images_stay_small_and_give_the_same_batches(stream):
-    from hf_clroute.engine.loading import fixed_row_bytes
+    from hf_clroute.engine.batches import fixed_row_bytes
 
     collator = COLLATORS["vit-b16-224"]()
     decoded = decode_images(_png_dataset(n=12), collator)  # 224x224x3 uint8 rows: 150,528 bytes each
@@ -280,7 +280,7 @@ def test_collators_take_columns_with_the_same_result(stream):
 def test_probes_read_the_boundary_rows_test_features_with_the_same_numbers(stream):
     """The forgetting probe scores the test features the task-end row computed: the same records as
     running the model over every test split again, with fewer forward passes."""
-    from hf_clroute.bench.probes import ForgettingProbes
+    from hf_clroute.bench.harness.probes import ForgettingProbes
 
     cfg = tiny_vit_config()
     collator = ImageCollator(cfg.image_size, num_channels=cfg.num_channels)
@@ -335,8 +335,8 @@ def test_a_frozen_backbones_test_features_are_computed_once_with_the_same_scores
 def test_cached_features_follow_the_features_precision_and_stay_float32(stream, monkeypatch):
     """The bench's feature cache encodes under the ``features`` phase's autocast, stores float32 and says
     what it chose; fp32 (the default for an unmeasured backbone) gives the features of a plain forward."""
-    from hf_clroute.bench.feature_cache import cache_stream_features
-    from hf_clroute.precision import ENV_VAR
+    from hf_clroute.backbones.precision import ENV_VAR
+    from hf_clroute.bench.harness.feature_cache import cache_stream_features
 
     cfg = tiny_vit_config()
     collator = ImageCollator(cfg.image_size, num_channels=cfg.num_channels)
@@ -359,7 +359,7 @@ def test_probes_keep_fixed_training_features_with_the_same_records(stream):
     training and test features from the task end that computed them: the same records as recomputing them
     at every task end, one pass fewer over task 0's splits on a 2-task stream. A backbone
     that trained since its features were kept is read afresh."""
-    from hf_clroute.bench.probes import PROBE_BATCH_SIZE, ForgettingProbes
+    from hf_clroute.bench.harness.probes import PROBE_BATCH_SIZE, ForgettingProbes
 
     cfg = tiny_vit_config()
     collator = ImageCollator(cfg.image_size, num_channels=cfg.num_channels)

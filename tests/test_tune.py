@@ -12,10 +12,10 @@ import math
 
 import pytest
 
-from hf_clroute.bench import tune as tuning
-from hf_clroute.bench.settings import CONFIG_ROOT, registered_method
-from hf_clroute.bench.grid_search import MAX_EXTENSIONS, recorded_flags, search, step_past
-from hf_clroute.bench.tune import BUDGET, LEARNING_RATES, search_grid, selected
+from hf_clroute.bench.harness.grid_search import MAX_EXTENSIONS, recorded_flags, search, step_past
+from hf_clroute.bench.harness.settings import CONFIG_ROOT, registered_method
+from hf_clroute.bench.runners import tune as tuning
+from hf_clroute.bench.runners.tune import BUDGET, LEARNING_RATES, search_grid, selected
 
 LR = "training.learning_rate"
 #: methods that train nothing: their grid is their own 12 points (or one point when they have no knob)
@@ -61,7 +61,7 @@ def test_a_method_without_knobs_searches_weight_decay_and_explicit_points_are_re
         "both": {"search": {"points": [], "config.a": [1]}},
         "variant": {"method": "pts", "search": {"config.z": [1, 2, 3, 4]}},  # its own search replaces its method's
     }
-    monkeypatch.setattr("hf_clroute.bench.settings.method_file", lambda m: files.get(m, {}))
+    monkeypatch.setattr("hf_clroute.bench.harness.settings.method_file", lambda m: files.get(m, {}))
     grid = search_grid("pts", trains=True)
     assert len(grid) == BUDGET and grid[1] == {LR: LEARNING_RATES[0], "config.a": 2, "config.b": "x"}
     grid = search_grid("nested", trains=True)  # dict values become dotted keys; the constant is no knob
@@ -170,7 +170,7 @@ def test_step_past_is_geometric_and_selected_merges_nested_fields():
 
 def test_the_tune_summary_reports_the_pick_with_its_extensions(monkeypatch, capsys, tmp_path):
     """The line `hf-clroute tune` prints is the recorded pick's validation score, extensions included."""
-    import hf_clroute.bench.tune as tune_module
+    import hf_clroute.bench.runners.tune as tune_module
     from hf_clroute.cli import main
 
     record = {"pick": {"training.weight_decay": 10.0}, "grid": [{}] * 12, "validation_A_T": [0.13] * 12,
@@ -183,7 +183,7 @@ def test_the_tune_summary_reports_the_pick_with_its_extensions(monkeypatch, caps
 def test_resume_reads_the_earlier_runs_and_only_the_new_extensions_train(tiny_suite, tmp_path, monkeypatch):
     """An edge pick left by the extension limit is continued: the scores recorded are read, not trained
     again, and the result is the search a higher limit would have made from the start."""
-    from hf_clroute.bench.suites import SuiteConfig
+    from hf_clroute.bench.harness.suites import SuiteConfig
 
     monkeypatch.delenv("HF_CLROUTE_PRECISION", raising=False)
     data = json.loads(open(tiny_suite).read())
@@ -236,7 +236,7 @@ def test_a_stopped_search_continues_from_the_scores_it_measured(tiny_suite, tmp_
     """Each score is kept as soon as it is measured: a search stopped part-way (here, killed at its 5th
     configuration) is continued by the same command, which trains only what is left and picks what an
     unbroken search picks; the progress file goes once the pick is in selection.json."""
-    from hf_clroute.bench.suites import SuiteConfig
+    from hf_clroute.bench.harness.suites import SuiteConfig
 
     monkeypatch.delenv("HF_CLROUTE_PRECISION", raising=False)
     data = json.loads(open(tiny_suite).read())
@@ -281,7 +281,7 @@ def test_joint_training_final_form_scores_its_epochs_from_one_run_with_separate_
     run is the first e epochs of its E-epoch run: tune scores the 1/2/4/8-epoch points of a learning rate
     from one 8-epoch run, read on validation at each epoch's end, and every score is what a separate run
     measures (real training on a tiny suite)."""
-    from hf_clroute.bench.suites import SuiteConfig
+    from hf_clroute.bench.harness.suites import SuiteConfig
 
     monkeypatch.delenv("HF_CLROUTE_PRECISION", raising=False)
     data = json.loads(open(tiny_suite).read())
@@ -312,7 +312,7 @@ def test_joint_training_final_form_scores_its_epochs_from_one_run_with_separate_
 def test_epochs_are_not_shared_when_an_epoch_ends_inside_a_batch(tiny_suite, tmp_path, monkeypatch):
     """With batches of 7 over 32 examples an epoch's last batch would take the next epoch's first rows in a
     longer run, so the e-epoch run is not its prefix: every point runs alone."""
-    from hf_clroute.bench.suites import SuiteConfig
+    from hf_clroute.bench.harness.suites import SuiteConfig
 
     monkeypatch.delenv("HF_CLROUTE_PRECISION", raising=False)
     data = json.loads(open(tiny_suite).read())

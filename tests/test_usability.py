@@ -16,11 +16,12 @@ from huggingface_hub import hf_hub_download, list_repo_files
 from transformers import ViTForImageClassification, ViTImageProcessor, ViTModel
 
 from hf_clroute import get_cl_model
-from hf_clroute.backbones import load_backbone, tiny_vit_config
+from hf_clroute.backbones.catalog import load_backbone, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig
 from hf_clroute.cli import build_parser, main
+from hf_clroute.core.model import CLModel
 from hf_clroute.data import Experience
-from hf_clroute.io import (
+from hf_clroute.hub.io import (
     HubPushError,
     atomic_write_text,
     looks_local,
@@ -28,7 +29,6 @@ from hf_clroute.io import (
 )
 from hf_clroute.methods.base import StepContext
 from hf_clroute.methods.rwf import RwfConfig
-from hf_clroute.model import CLModel
 
 
 class _Records(logging.Handler):

@@ -20,7 +20,7 @@ from pathlib import Path
 COMMANDS = {
     "python -c pass (interpreter start-up)": [sys.executable, "-c", "pass"],
     "import hf_clroute": [sys.executable, "-c", "import hf_clroute"],
-    "import hf_clroute.config": [sys.executable, "-c", "import hf_clroute.config"],
+    "import hf_clroute.core.config": [sys.executable, "-c", "import hf_clroute.core.config"],
     "from hf_clroute import get_cl_model (first use: torch, transformers)": [
         sys.executable, "-c", "from hf_clroute import get_cl_model"],
     "hf-clroute --help": [sys.executable, "-m", "hf_clroute.cli", "--help"],

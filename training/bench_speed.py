@@ -88,8 +88,8 @@ def peak_rss_mb() -> float:
 
 def backbone_source() -> dict[str, Any]:
     """The suite's pretrained ViT when cached (never built here), else its recipe's shape, randomly initialised."""
-    from hf_clroute.bench import pretrain_vit as module
-    from hf_clroute.bench.pretrain_vit import pretrained_vit_path
+    from hf_clroute.backbones.pretraining import vit as module
+    from hf_clroute.backbones.pretraining.vit import pretrained_vit_path
 
     try:
         return {"kind": "pretrained", "path": pretrained_vit_path(RECIPE, build=False)}
@@ -104,7 +104,7 @@ def make_backbone(source: dict[str, Any]):
     from transformers import ViTConfig, ViTModel
 
     if source["kind"] == "pretrained":
-        from hf_clroute.backbones import load_backbone
+        from hf_clroute.backbones.catalog import load_backbone
 
         return load_backbone(source["path"])[0]
     torch.manual_seed(0)
@@ -126,7 +126,7 @@ def make_collator(source: dict[str, Any]):
 
 
 def load_suite(train_per_class: int | None, test_per_class: int | None):
-    from hf_clroute.bench.suites import SuiteConfig
+    from hf_clroute.bench.harness.suites import SuiteConfig
 
     suite = SuiteConfig.load(SUITE)
     return dataclasses.replace(suite, train_per_class=train_per_class or suite.train_per_class,
@@ -135,7 +135,7 @@ def load_suite(train_per_class: int | None, test_per_class: int | None):
 
 def family_settings(suite, family: str):
     """(adapter config, TrainingConfig) of a method family on the suite, as the bench resolves them."""
-    from hf_clroute.bench.settings import resolve_run
+    from hf_clroute.bench.harness.settings import resolve_run
 
     method = {"finetune": "finetune", "frozen-head": "finetune", "rwf": "rwf"}[family]
     off = {"eval_every": 0, "evals_per_task": 0, "progress": False}  # no anytime evaluation
@@ -236,7 +236,7 @@ LOOP_VARIANTS = {"finetune": ["png", "default", "no-clip"], "frozen-head": ["png
 
 
 def measure_loops(args, source, suite, collator, device) -> dict[str, Any]:
-    from hf_clroute.bench.suites import build_stream
+    from hf_clroute.bench.harness.suites import build_stream
     from hf_clroute.data.collate import decode_stream_if_small
 
     png = build_stream(suite, 0)
@@ -337,7 +337,7 @@ def pipeline_rate(datasets_list, collator, batch_size: int, workers: int, device
     from torch.utils.data import DataLoader
 
     from hf_clroute.engine import TrainingConfig
-    from hf_clroute.engine.loading import training_loader
+    from hf_clroute.engine.batches import training_loader
 
     accelerator = Accelerator(cpu=device.type == "cpu", dataloader_config=DataLoaderConfiguration(split_batches=True))
     config = TrainingConfig(batch_size=batch_size, num_workers=workers, progress=False)
@@ -358,7 +358,7 @@ def pipeline_rate(datasets_list, collator, batch_size: int, workers: int, device
 def measure_pipeline(args, suite, collator, device) -> dict[str, Any]:
     from transformers import ViTImageProcessor
 
-    from hf_clroute.bench.suites import build_stream
+    from hf_clroute.bench.harness.suites import build_stream
     from hf_clroute.data import ImageCollator
     from hf_clroute.data.collate import decode_images
 
@@ -439,8 +439,8 @@ def memory_child(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
     from hf_clroute.engine import make_accelerator
 
     stages["+ ContinualTrainer, get_cl_model"] = rss_mb()
-    from hf_clroute.bench.settings import resolve_run
-    from hf_clroute.bench.suites import build_stream
+    from hf_clroute.bench.harness.settings import resolve_run
+    from hf_clroute.bench.harness.suites import build_stream
 
     stages["+ hf_clroute.bench"] = rss_mb()
     from hf_clroute.data.collate import decode_stream_if_small
@@ -464,7 +464,7 @@ def memory_child(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
 def measure_memory(args, source, collator) -> dict[str, Any]:
     import torch
 
-    from hf_clroute.bench.suites import build_stream
+    from hf_clroute.bench.harness.suites import build_stream
 
     suite = load_suite(None, None)  # the suite's own sizes, quick or not
     stream = build_stream(suite, 0)

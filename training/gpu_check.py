@@ -65,9 +65,9 @@ def synthetic_stream(train: int, test: int, num_classes: int, seed: int) -> list
 
 def run_method(method: str, backbone: torch.nn.Module, stream: list, args: argparse.Namespace, device: str) -> dict:
     from hf_clroute import ContinualTrainer, get_cl_model
-    from hf_clroute.bench.settings import resolve_run
-    from hf_clroute.bench.standins import vit_b16_processor
-    from hf_clroute.bench.suites import SuiteConfig
+    from hf_clroute.backbones.pretraining.standins import vit_b16_processor
+    from hf_clroute.bench.harness.settings import resolve_run
+    from hf_clroute.bench.harness.suites import SuiteConfig
     from hf_clroute.data import ImageCollator
     from hf_clroute.engine import make_accelerator
 
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
     from transformers import ViTModel
 
-    from hf_clroute.bench.standins import vit_b16_config
+    from hf_clroute.backbones.pretraining.standins import vit_b16_config
 
     torch.manual_seed(0)
     backbone = ViTModel(vit_b16_config(small=args.small))

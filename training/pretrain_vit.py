@@ -1,11 +1,11 @@
 """Pretrain a small stand-in ViT backbone in CPU minutes: the command line over
-:mod:`hf_clroute.bench.pretrain_vit` (the training code lives in the package).
+:mod:`hf_clroute.backbones.pretraining.vit` (the training code lives in the package).
 
     python training/pretrain_vit.py --recipe vit-mnist-stream --out ~/.cache/hf_clroute/models/vit-mnist-stream
     accelerate launch training/pretrain_vit.py --recipe vit-fashion-stream --out runs/vit-fashion
 
 With ``--asset`` the build is also stored as the package's committed asset of the recipe, which
-``hf_clroute.bench.pretrain_vit.pretrained_vit_path(recipe)`` installs instead of training:
+``hf_clroute.backbones.pretraining.vit.pretrained_vit_path(recipe)`` installs instead of training:
 
     python training/pretrain_vit.py --recipe vit-mnist-stream --out runs/vit-mnist-stream --asset
 """
@@ -25,11 +25,12 @@ except ImportError:  # run from a checkout without installing the package
 
 from accelerate import PartialState  # noqa: E402
 
-from hf_clroute.bench.pretrain_vit import DEFAULTS, training_function  # noqa: E402
-from hf_clroute.bench.pretrained import RECIPES, assets_root, write_asset  # noqa: E402
+from hf_clroute.backbones.pretraining.recipes import RECIPES, assets_root, write_asset  # noqa: E402
+from hf_clroute.backbones.pretraining.vit import DEFAULTS, training_function  # noqa: E402
+
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description="Pretrain a small stand-in ViT backbone (hf_clroute.bench.pretrain_vit).")
+    parser = argparse.ArgumentParser(description="Pretrain a small stand-in ViT backbone (hf_clroute.backbones.pretraining.vit).")
     parser.add_argument("--recipe", required=True, choices=sorted(RECIPES))
     parser.add_argument("--out", required=True, help="output directory (checkpoint + pretrain_report.json)")
     parser.add_argument("--steps", type=int, default=None, help="default: the recipe's, else DEFAULTS['steps']")
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--limit", type=int, default=None, help="use only the first N images per split (smoke tests)")
     parser.add_argument("--asset", nargs="?", const=str(assets_root()), default=None, metavar="ROOT",
                         help="also store the result as the package's committed asset, ROOT/<recipe> "
-                             "(default ROOT: hf_clroute/assets/pretrained), which pretrained_vit_path installs")
+                             "(default ROOT: hf_clroute/backbones/pretraining/assets), which pretrained_vit_path installs")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     report = training_function(args.recipe, args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size,

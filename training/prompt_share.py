@@ -25,10 +25,10 @@ import torch
 from transformers import ViTConfig, ViTModel
 
 from hf_clroute import get_cl_model
-from hf_clroute.bench.settings import merged_method_settings, registered_method
-from hf_clroute.io import atomic_write_text
+from hf_clroute.bench.harness.settings import merged_method_settings, registered_method
+from hf_clroute.core.registry import get_method
+from hf_clroute.hub.io import atomic_write_text
 from hf_clroute.methods.base import StepContext
-from hf_clroute.registry import get_method
 
 METHODS = ("rwf", "l2p", "dualprompt", "coda-prompt")
 

@@ -26,12 +26,12 @@ import torch
 from transformers import ViTConfig, ViTModel
 
 from hf_clroute import get_cl_model
-from hf_clroute.backbones import get_backbone_spec, load_backbone
+from hf_clroute.backbones.catalog import get_backbone_spec, load_backbone
 from hf_clroute.baselines import FinetuneConfig
-from hf_clroute.bench.flops import count_flops
-from hf_clroute.io import atomic_write_text
+from hf_clroute.bench.harness.flops import count_flops
+from hf_clroute.bench.harness.suites import resolve_backbone_path
+from hf_clroute.hub.io import atomic_write_text
 from hf_clroute.methods.rwf import RwfConfig
-from hf_clroute.bench.suites import resolve_backbone_path
 
 
 def build(name: str) -> tuple[Callable[[], torch.nn.Module], dict[str, torch.Tensor]]:

@@ -28,7 +28,7 @@ def run_one(source: Path) -> dict:
     from transformers import ViTModel
 
     from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
-    from hf_clroute.backbones import tiny_vit_config
+    from hf_clroute.backbones.catalog import tiny_vit_config
     from hf_clroute.baselines import FinetuneConfig
     from hf_clroute.data import ImageCollator, class_incremental_streaming
     from hf_clroute.engine import make_accelerator

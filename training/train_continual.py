@@ -1,7 +1,7 @@
 """Train one continual method over one suite's stream, under `accelerate launch`.
 
 An example script over the installed package's own command, ``hf-clroute train``
-(``hf_clroute.bench.training_run``): the same run configs, checkpoints and resume.
+(``hf_clroute.commands.train``): the same run configs, checkpoints and resume.
 
     accelerate launch training/train_continual.py --config configs/runs/split-mnist-finetune.json
 
@@ -27,13 +27,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hf_clroute.bench.training_run import load_run_config as _load
-from hf_clroute.bench.training_run import train
 from hf_clroute.cli import main as cli_main
+from hf_clroute.commands.train import load_run_config as _load
+from hf_clroute.commands.train import train
 
 
 def load_run_config(path: str) -> dict:
-    """The run config at ``path``, checked (see ``hf_clroute.bench.training_run.load_run_config``)."""
+    """The run config at ``path``, checked (see ``hf_clroute.commands.train.load_run_config``)."""
     return _load(path)
 
 

@@ -1,19 +1,26 @@
 """Baselines that run on the same engine hooks as the methods."""
 
-from ..registry import register_method
-from .coda_prompt import CodaPrompt, CodaPromptConfig
-from .dualprompt import DualPrompt, DualPromptConfig
-from .ewc import EWCConfig, OnlineEWC
-from .finetune import FfnFinetune, FfnFinetuneConfig, Finetune, FinetuneConfig
-from .joint import JointConfig, JointTraining
-from .knn import KNearestNeighbours, KNNConfig
-from .l2p import L2P, L2PConfig
-from .lora import LoraBaseline, LoraBaselineConfig
-from .lwf import LwF, LwFConfig
-from .online_lora import OnlineLora, OnlineLoraConfig
-from .prompt_tuning import PromptTuningBaseline, PromptTuningBaselineConfig
-from .replay import ERConfig, ExperienceReplay
-from .statistics import (
+from hf_clroute.baselines.coda_prompt import CodaPrompt, CodaPromptConfig
+from hf_clroute.baselines.dualprompt import DualPrompt, DualPromptConfig
+from hf_clroute.baselines.ewc import EWCConfig, OnlineEWC
+from hf_clroute.baselines.finetune import (
+    FfnFinetune,
+    FfnFinetuneConfig,
+    Finetune,
+    FinetuneConfig,
+)
+from hf_clroute.baselines.joint import JointConfig, JointTraining
+from hf_clroute.baselines.knn import KNearestNeighbours, KNNConfig
+from hf_clroute.baselines.l2p import L2P, L2PConfig
+from hf_clroute.baselines.lora import LoraBaseline, LoraBaselineConfig
+from hf_clroute.baselines.lwf import LwF, LwFConfig
+from hf_clroute.baselines.online_lora import OnlineLora, OnlineLoraConfig
+from hf_clroute.baselines.prompt_tuning import (
+    PromptTuningBaseline,
+    PromptTuningBaselineConfig,
+)
+from hf_clroute.baselines.replay import ERConfig, ExperienceReplay
+from hf_clroute.baselines.statistics import (
     NCMConfig,
     NearestClassMean,
     RanPAC,
@@ -23,7 +30,8 @@ from .statistics import (
     SLDAConfig,
     StreamingLDA,
 )
-from .visual_prompt import VisualPromptTuning, VPTConfig
+from hf_clroute.baselines.visual_prompt import VisualPromptTuning, VPTConfig
+from hf_clroute.core.registry import register_method
 
 register_method(FinetuneConfig, Finetune)
 register_method(FfnFinetuneConfig, FfnFinetune)

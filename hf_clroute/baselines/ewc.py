@@ -25,12 +25,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import CLConfig
-from ..outputs import model_inputs
-from ..methods.base import ContinualMethod, StepContext
+from hf_clroute.core.config import CLConfig
+from hf_clroute.core.outputs import model_inputs
+from hf_clroute.methods.base import ContinualMethod, StepContext
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..model import CLModel
+    from hf_clroute.core.model import CLModel
 
 
 def trainable_named_parameters(model: "CLModel") -> dict[str, nn.Parameter]:

@@ -13,13 +13,18 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from ..config import CLConfig
-from ..backbones import get_blocks
-from ..methods.base import ContinualMethod, StepContext, freeze_all_but, unfreeze
+from hf_clroute.backbones.catalog import get_blocks
+from hf_clroute.core.config import CLConfig
+from hf_clroute.methods.base import (
+    ContinualMethod,
+    StepContext,
+    freeze_all_but,
+    unfreeze,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..data.streams import Experience
-    from ..model import CLModel
+    from hf_clroute.core.model import CLModel
+    from hf_clroute.data.experiences import Experience
 
 
 @dataclass

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import torch
 from datasets import concatenate_datasets
 
-from ..config import CLConfig
-from ..methods.base import ContinualMethod
+from hf_clroute.core.config import CLConfig
+from hf_clroute.methods.base import ContinualMethod
 
 
 @dataclass

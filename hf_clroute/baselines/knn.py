@@ -1,6 +1,6 @@
 """Cosine k-nearest neighbours over a reservoir buffer of frozen features.
 
-The control for QOA: the same memory (a :class:`~hf_clroute.replay_buffer.ReservoirBuffer`
+The control for QOA: the same memory (a :class:`~hf_clroute.core.replay_buffer.ReservoirBuffer`
 of (features, label) with QOA's capacity and seed, filled with the same global
 batches in the same order, so on the same stream it holds the same items), read by
 a fixed rule instead of a learned scorer. Nothing is trained.
@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ..config import CLConfig
-from ..methods.base import FeatureMemoryMethod
+from hf_clroute.core.config import CLConfig
+from hf_clroute.methods.base import FeatureMemoryMethod
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..model import CLModel
+    from hf_clroute.core.model import CLModel
 
 #: (query, stored item) similarities computed at once; larger evaluations are chunked over queries.
 PAIR_BUDGET = 1 << 22

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 
 from peft import LoraConfig, PeftConfig, inject_adapter_in_model
 
-from ..config import CLConfig
-from ..methods.base import ContinualMethod, seeded_init
+from hf_clroute.core.config import CLConfig
+from hf_clroute.methods.base import ContinualMethod, seeded_init
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..model import CLModel
+    from hf_clroute.core.model import CLModel
 
 
 @dataclass

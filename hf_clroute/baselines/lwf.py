@@ -25,13 +25,13 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from ..config import CLConfig
-from ..outputs import model_inputs
-from ..methods.base import ContinualMethod, StepContext
-from .ewc import ParamStore, trainable_named_parameters
+from hf_clroute.baselines.ewc import ParamStore, trainable_named_parameters
+from hf_clroute.core.config import CLConfig
+from hf_clroute.core.outputs import model_inputs
+from hf_clroute.methods.base import ContinualMethod, StepContext
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..model import CLModel
+    from hf_clroute.core.model import CLModel
 
 
 @dataclass

@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 import torch
 from peft import PeftConfig, PromptTuningConfig, get_peft_model
 
-from ..backbones import pooled_features
-from ..config import CLConfig
-from ..methods.base import ContinualMethod, seeded_init
+from hf_clroute.backbones.catalog import pooled_features
+from hf_clroute.core.config import CLConfig
+from hf_clroute.methods.base import ContinualMethod, seeded_init
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..model import CLModel
+    from hf_clroute.core.model import CLModel
 
 _INITS = ("SAMPLE_VOCAB", "RANDOM")
 

@@ -1,6 +1,6 @@
 """Experience replay (ER) with a reservoir-sampled buffer of a stated size.
 
-Every training example passes through :class:`~hf_clroute.replay_buffer.ReservoirBuffer`
+Every training example passes through :class:`~hf_clroute.core.replay_buffer.ReservoirBuffer`
 (model inputs + labels), so the buffer is a uniform sample of everything seen so far.
 Each step trains on the current batch plus an equally large batch drawn from the
 buffer, in one forward pass: the loss is CE(current) + CE(replayed), the
@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from ..config import CLConfig
-from ..methods.base import ContinualMethod, StepContext
-from ..outputs import CLModelOutput, model_inputs
-from ..replay_buffer import ReservoirBuffer
+from hf_clroute.core.config import CLConfig
+from hf_clroute.core.outputs import CLModelOutput, model_inputs
+from hf_clroute.core.replay_buffer import ReservoirBuffer
+from hf_clroute.methods.base import ContinualMethod, StepContext
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..model import CLModel
+    from hf_clroute.core.model import CLModel
 
 _SEQUENCE_FIELDS = ("input_ids", "attention_mask", "token_type_ids")
 #: what the buffer keeps of a batch (cached ``features`` when the bench feeds them instead of inputs).

@@ -22,9 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ..config import CLConfig
-from ..heads.prototype import METRICS
-from ..methods.base import ContinualMethod
+from hf_clroute.core.config import CLConfig
+from hf_clroute.heads.prototype import METRICS
+from hf_clroute.methods.base import ContinualMethod
 
 
 @dataclass

@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..config import CLConfig
-from ..methods.base import ContinualMethod
+from hf_clroute.core.config import CLConfig
+from hf_clroute.methods.base import ContinualMethod
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..model import CLModel
+    from hf_clroute.core.model import CLModel
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """Data: offline source recipes, dataset loading/validation, continual streams, collators."""
 
-from .collate import CausalLMCollator, ImageCollator, TextClassificationCollator
-from .loading import column_array, infer_modality, load_labeled_dataset, load_text_corpus
-from .sources import SOURCES, Source, cache_dir, load_source, prepare_all, prepare_source
-from .streaming import class_incremental_streaming, parquet_stream
-from .streams import (
+from hf_clroute.data.collate import (
+    CausalLMCollator,
+    ImageCollator,
+    TextClassificationCollator,
+)
+from hf_clroute.data.experiences import (
     Experience,
     class_incremental,
     classes_with_at_least,
@@ -13,6 +14,21 @@ from .streams import (
     text_domains,
     validation_stream,
 )
+from hf_clroute.data.labeled import (
+    column_array,
+    infer_modality,
+    load_labeled_dataset,
+    load_text_corpus,
+)
+from hf_clroute.data.sources import (
+    SOURCES,
+    Source,
+    cache_dir,
+    load_source,
+    prepare_all,
+    prepare_source,
+)
+from hf_clroute.data.streaming import class_incremental_streaming, parquet_stream
 
 __all__ = [
     "SOURCES",

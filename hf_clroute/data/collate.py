@@ -255,7 +255,7 @@ def decode_images(dataset: Any, collator: ImageCollator, *, chunk_size: int = 40
 def _decoded(dataset: Any, row: int, collator: ImageCollator, feature: Any, value: Any) -> np.ndarray:
     """One image as ``collator`` holds it; an image PIL cannot read is an error naming the dataset, the
     split and the row (the row of the dataset as stored, also when ``dataset`` is a selection of it)."""
-    from ..errors import UserInputError
+    from hf_clroute.errors import UserInputError
 
     try:
         return collator.pil_array(feature.decode_example(value)).astype(np.uint8)

@@ -23,11 +23,10 @@ so building the sources needs no image library beyond PIL's PNG encoder.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 
 import numpy as np
 from datasets import ClassLabel, Dataset, Features, Image
-
-from collections.abc import Callable
 
 __all__ = ["STYLES", "RENDITION_SEED", "example_rng", "render", "render_images", "rendition_splits"]
 

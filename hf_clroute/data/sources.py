@@ -449,7 +449,10 @@ def _build_wordnet() -> Splits:
 
 def _renditions(base: str) -> Splits:
     """Source ``base`` redrawn in other styles (``data.renditions``)."""
-    from .renditions import SPLITS as RENDITION_SPLITS, rendition_splits  # late: only this source needs it
+    from hf_clroute.data.renditions import (  # late: only this source needs it
+        SPLITS as RENDITION_SPLITS,
+    )
+    from hf_clroute.data.renditions import rendition_splits
 
     if RENDITION_SPLITS != SPLITS:  # a rendition's seed depends on its split's index
         raise RuntimeError(f"data.renditions.SPLITS {RENDITION_SPLITS} differs from data.sources.SPLITS {SPLITS}")

@@ -7,7 +7,7 @@ and each task's train and test splits are the source's splits filtered by label,
 shard by shard at training time. Nothing is counted, indexed or materialised up front, so
 memory stays flat however long the stream is; the trainer deals each process its part of every
 global batch (:func:`batch_parts`) with ``datasets.distributed.split_dataset_by_node``
-(:mod:`hf_clroute.engine.loading`, ``examples`` strategy). Each process reads every row of the
+(:mod:`hf_clroute.engine.batches`, ``examples`` strategy). Each process reads every row of the
 stream's arrow data, undecoded, and decodes and collates only its own parts: the same global
 batches as one process, at the cost of every node reading the whole stream.
 
@@ -33,9 +33,16 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from datasets import ClassLabel, Dataset, DatasetDict, IterableDataset, IterableDatasetDict, load_dataset
+from datasets import (
+    ClassLabel,
+    Dataset,
+    DatasetDict,
+    IterableDataset,
+    IterableDatasetDict,
+    load_dataset,
+)
 
-from .streams import _CLASS_ORDER, _STREAM_ORDER, Experience, _rng
+from hf_clroute.data.experiences import _CLASS_ORDER, _STREAM_ORDER, Experience, _rng
 
 __all__ = ["batch_parts", "class_incremental_streaming", "parquet_stream", "streaming_suite_stream"]
 
@@ -199,7 +206,7 @@ _UNSTREAMABLE = {"train_per_class": None, "test_per_class": None, "validation_pe
 
 
 def streaming_suite_stream(suite: Any, seed: int) -> list[Experience]:
-    """The tasks of a suite with ``streaming: true`` (``hf_clroute.bench.suites.SuiteConfig``): its
+    """The tasks of a suite with ``streaming: true`` (``hf_clroute.bench.harness.suites.SuiteConfig``): its
     ``dataset`` directory streamed, cut into ``n_tasks`` class-incremental tasks by ``seed``."""
     if suite.scenario != "class":
         raise ValueError(f"suite {suite.name!r}: streaming suites are class-incremental, got scenario={suite.scenario!r}")

@@ -1,8 +1,13 @@
 """The engine: the continual loop on Accelerate, evaluation, checkpoints, callbacks."""
 
-from .callbacks import Callback
-from .evaluation import EvalTimer, evaluate_experience, test_loader
-from .trainer import ContinualTrainer, StreamResult, TrainingConfig, make_accelerator
+from hf_clroute.engine.callbacks import Callback
+from hf_clroute.engine.evaluation import EvalTimer, evaluate_experience, test_loader
+from hf_clroute.engine.trainer import (
+    ContinualTrainer,
+    StreamResult,
+    TrainingConfig,
+    make_accelerator,
+)
 
 __all__ = [
     "Callback",

@@ -6,10 +6,9 @@ every checkpoint, so a resumed run reports them for the whole stream.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .trainer import ContinualTrainer
+# ``trainer`` below is the running ``ContinualTrainer`` (typed Any: the trainer imports this module).
 
 
 class Callback:
@@ -18,9 +17,9 @@ class Callback:
     #: key of this callback's records in ``StreamResult.records``.
     name: str = "callback"
 
-    def on_task_end(self, trainer: "ContinualTrainer", task_id: int) -> None:
+    def on_task_end(self, trainer: Any, task_id: int) -> None:
         """After task ``task_id``'s row of the accuracy matrix, before its checkpoint."""
 
-    def records(self, trainer: "ContinualTrainer") -> Any:
+    def records(self, trainer: Any) -> Any:
         """This callback's records so far (creates them on first use)."""
         return trainer.result.records.setdefault(self.name, {})

@@ -44,13 +44,13 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ResumeError, UserInputError
-from ..io import atomic_write_text
+from hf_clroute.errors import ResumeError, UserInputError
+from hf_clroute.hub.io import atomic_write_text
 
 if TYPE_CHECKING:  # pragma: no cover
     from accelerate import Accelerator
 
-    from ..model import CLModel
+    from hf_clroute.core.model import CLModel
 
 STATE_NAME = "trainer_state.json"
 LATEST = "latest"

@@ -11,7 +11,7 @@ decoding and collating the split again at every evaluation. For a model whose
 classifier reads only the frozen backbone's features, the features themselves are
 kept (:func:`feature_batches`): later evaluations run the head alone.
 
-Both run under the autocast of their phase (``eval``, ``features``; :mod:`hf_clroute.precision`):
+Both run under the autocast of their phase (``eval``, ``features``; :mod:`hf_clroute.backbones.precision`):
 kept features are stored as float32 whatever the autocast, so the head that reads them later sees
 what it would have seen in one pass.
 """
@@ -29,12 +29,12 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
-from ..data.streams import Experience
-from ..heads import task_mask_logits
-from ..model import CLModel
-from ..outputs import model_inputs
-from ..precision import Choice, resolve_for
-from ..progress import progress_bar
+from hf_clroute.backbones.precision import Choice, resolve_for
+from hf_clroute.core.model import CLModel
+from hf_clroute.core.outputs import model_inputs
+from hf_clroute.data.experiences import Experience
+from hf_clroute.heads import task_mask_logits
+from hf_clroute.runtime.progress import progress_bar
 
 
 @dataclass
@@ -76,7 +76,7 @@ def evaluate_experience(
     the screen when done).
     ``features``, a list, receives every batch's (classifier features as float32 on the CPU, labels),
     this process's batches in order: what a probe on the same split would compute again.
-    ``precision``: the ``eval`` phase's :class:`~hf_clroute.precision.Choice`, or a setting to resolve
+    ``precision``: the ``eval`` phase's :class:`~hf_clroute.backbones.precision.Choice`, or a setting to resolve
     for this model and the loader's batch size (None: ``$HF_CLROUTE_PRECISION``, else ``auto``).
     """
     choice = phase_choice(model, "eval", precision, loader, accelerator.device)

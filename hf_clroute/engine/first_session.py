@@ -1,7 +1,7 @@
 """The adaptation phase before the stream, and statistics read again when an adapter freezes.
 
 :func:`prepare_adaptation` runs first-session adaptation (``CLConfig.adaptation``, see
-:mod:`hf_clroute.adaptation_config`) inside ``ContinualTrainer.fit``, after the untrained accuracy
+:mod:`hf_clroute.core.first_session_config`) inside ``ContinualTrainer.fit``, after the untrained accuracy
 b_j is measured (b_j is the model before any training, and the adaptation trains on the
 first task's data) and before task 0:
 
@@ -43,22 +43,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..data.loading import column_array
-from ..data.streams import Experience
-from ..heads import IncrementalClassifier, StatisticsHead
-from ..methods.base import StepContext
-from ..outputs import model_inputs
-from ..progress import progress_bar
-from .loading import training_loader
-from .numerics import check_finite_state, check_step
-from .prepared import release_prepared
+from hf_clroute.core.outputs import model_inputs
+from hf_clroute.data.experiences import Experience
+from hf_clroute.data.labeled import column_array
+from hf_clroute.engine.batches import training_loader
+from hf_clroute.engine.numerics import check_finite_state, check_step
+from hf_clroute.engine.prepared import release_prepared
+from hf_clroute.heads import IncrementalClassifier, StatisticsHead
+from hf_clroute.methods.base import StepContext
+from hf_clroute.runtime.progress import progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import Dataset
 
-    from ..adaptation_config import AdaptationConfig
-    from ..model import CLModel
-    from .trainer import ContinualTrainer
+    from hf_clroute.core.first_session_config import AdaptationConfig
+    from hf_clroute.core.model import CLModel
 
 #: purpose id of the carve's random draw (independent of the stream's own draws)
 _CARVE_PURPOSE = 24
@@ -91,7 +90,7 @@ def carve_adaptation_split(experience: Experience, per_class: int, seed: int) ->
     return train.select(held_idx), dataclasses.replace(experience, train=train.select(rest))
 
 
-def prepare_adaptation(trainer: "ContinualTrainer") -> None:
+def prepare_adaptation(trainer: Any) -> None:
     """Carve, adapt (when configured and not done yet) and freeze the adapter; see the module docstring."""
     model = trainer.model
     settings = model.config.adaptation_config()
@@ -113,7 +112,7 @@ def prepare_adaptation(trainer: "ContinualTrainer") -> None:
         param.requires_grad_(False)
 
 
-def _adapt(trainer: "ContinualTrainer", settings: "AdaptationConfig", adapter: list[torch.nn.Parameter],
+def _adapt(trainer: Any, settings: "AdaptationConfig", adapter: list[torch.nn.Parameter],
            first: Experience, data: "Dataset") -> dict[str, Any]:
     model, accelerator, cfg = trainer.model, trainer.accelerator, trainer.config
     started = time.perf_counter()
@@ -170,7 +169,7 @@ def _adapt(trainer: "ContinualTrainer", settings: "AdaptationConfig", adapter: l
 
 
 @torch.no_grad()
-def reaccumulate_statistics(trainer: "ContinualTrainer", task_id: int) -> None:
+def reaccumulate_statistics(trainer: Any, task_id: int) -> None:
     """Reset the statistics head and read the training streams of tasks 0..task_id again, once each
     as the stream read them (``training_stream``), in eval mode: statistics only."""
     model = trainer.model

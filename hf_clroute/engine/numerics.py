@@ -16,15 +16,15 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from ..errors import NonFiniteTrainingError
-from ..precision import PHASES, Choice, resolve_for
+from hf_clroute.backbones.precision import PHASES, Choice, resolve_for
+from hf_clroute.errors import NonFiniteTrainingError
 
 ADVICE = ("nothing was saved as a finished adapter. Check the inputs for NaN, lower training.learning_rate, "
           "set training.max_grad_norm, or use training.precision='fp32'")
 
 
 def phase_choices(model: torch.nn.Module, config: Any, accelerator: Accelerator) -> dict[str, Choice]:
-    """The dtype of each phase (:mod:`hf_clroute.precision`) for ``config`` (a ``TrainingConfig``). Under
+    """The dtype of each phase (:mod:`hf_clroute.backbones.precision`) for ``config`` (a ``TrainingConfig``). Under
     ``accelerate launch --mixed_precision bf16|fp16`` Accelerate's autocast on the prepared model decides."""
     device = accelerator.device
     launched = str(getattr(accelerator, "mixed_precision", "no"))

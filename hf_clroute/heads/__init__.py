@@ -1,11 +1,16 @@
 """Classification heads: a trained linear head and closed-form statistics heads."""
 
-from .base import StatisticsHead
-from .factory import HEAD_KINDS, build_head, check_head_options, head_parameters
-from .lda import StreamingLDAHead
-from .linear import IncrementalClassifier, task_mask_logits
-from .prototype import PrototypeHead
-from .ranpac import RandomProjectionRidgeHead
+from hf_clroute.heads.base import StatisticsHead
+from hf_clroute.heads.factory import (
+    HEAD_KINDS,
+    build_head,
+    check_head_options,
+    head_parameters,
+)
+from hf_clroute.heads.lda import StreamingLDAHead
+from hf_clroute.heads.linear import IncrementalClassifier, task_mask_logits
+from hf_clroute.heads.prototype import PrototypeHead
+from hf_clroute.heads.ranpac import RandomProjectionRidgeHead
 
 __all__ = [
     "HEAD_KINDS",

@@ -8,11 +8,11 @@ from typing import Any
 
 from torch import nn
 
-from .base import StatisticsHead, check_int
-from .lda import StreamingLDAHead
-from .linear import IncrementalClassifier
-from .prototype import PrototypeHead
-from .ranpac import RandomProjectionRidgeHead
+from hf_clroute.heads.base import StatisticsHead, check_int
+from hf_clroute.heads.lda import StreamingLDAHead
+from hf_clroute.heads.linear import IncrementalClassifier
+from hf_clroute.heads.prototype import PrototypeHead
+from hf_clroute.heads.ranpac import RandomProjectionRidgeHead
 
 HEAD_CLASSES: dict[str, type[nn.Module]] = {
     "linear": IncrementalClassifier,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import FLOAT, StatisticsHead, check_number
+from hf_clroute.heads.base import FLOAT, StatisticsHead, check_number
 
 
 class StreamingLDAHead(StatisticsHead):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import StatisticsHead, check_choice
+from hf_clroute.heads.base import StatisticsHead, check_choice
 
 METRICS = ("cosine", "euclidean")
 

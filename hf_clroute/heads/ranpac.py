@@ -6,7 +6,13 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from .base import FLOAT, StatisticsHead, check_choice, check_int, check_number
+from hf_clroute.heads.base import (
+    FLOAT,
+    StatisticsHead,
+    check_choice,
+    check_int,
+    check_number,
+)
 
 NONLINEARITIES = ("relu", "none")
 LAMBDA_MODES = ("fixed", "relative", "gcv")

@@ -8,7 +8,7 @@ edit here.
 import importlib
 import pkgutil
 
-from .base import ContinualMethod, StepContext
+from hf_clroute.methods.base import ContinualMethod, StepContext
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.ispkg:

@@ -3,7 +3,7 @@
 A method is an ``nn.Module`` that owns the modules it adds to a backbone and
 implements a handful of hooks the engine calls. Everything else (freezing,
 the incremental head, saving, loading, Accelerate, evaluation) is shared and
-lives in ``hf_clroute.model`` and ``hf_clroute.engine``.
+lives in ``hf_clroute.core.model`` and ``hf_clroute.engine``.
 
 Hook order per experience (task):
 ``on_task_start`` -> for each batch: ``forward`` (``features`` -> ``classify`` ->
@@ -22,17 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import CLConfig
-from ..heads import StatisticsHead, task_mask_logits
-from ..outputs import CLModelOutput, model_inputs
-from ..replay_buffer import ReservoirBuffer
+from hf_clroute.core.config import CLConfig
+from hf_clroute.core.outputs import CLModelOutput, model_inputs
+from hf_clroute.core.replay_buffer import ReservoirBuffer
+from hf_clroute.heads import StatisticsHead, task_mask_logits
 
 if TYPE_CHECKING:  # pragma: no cover
     from datasets import IterableDataset
     from peft import PeftConfig
 
-    from ..data.streams import Experience
-    from ..model import CLModel
+    from hf_clroute.data.experiences import Experience
 
 
 @contextmanager
@@ -106,7 +105,7 @@ class ContinualMethod(nn.Module):
         self.task_classes: list[int] = []  # the current experience's classes (set by begin_task)
 
     # ---- structure -------------------------------------------------------------
-    def attach(self, model: "CLModel") -> None:
+    def attach(self, model: nn.Module) -> None:
         """Add this method's modules to ``model`` (the backbone is already frozen if asked)."""
 
     def check_stream(self, n_tasks: int) -> None:
@@ -114,7 +113,7 @@ class ContinualMethod(nn.Module):
         method can hold (raise ``UserInputError`` naming the config field)."""
 
     # ---- forward ---------------------------------------------------------------
-    def forward(self, model: "CLModel", batch: dict[str, torch.Tensor]) -> CLModelOutput:
+    def forward(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> CLModelOutput:
         """One model call: logits, and when the batch has ``labels`` the loss with its named terms."""
         inputs = model_inputs(batch)
         if model.spec.modality == "lm":
@@ -123,14 +122,14 @@ class ContinualMethod(nn.Module):
         out = CLModelOutput(logits=self.classify(model, features), features=features.detach())
         return self.with_loss(model, batch, out)
 
-    def features(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    def features(self, model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
         """What the classifier reads: the backbone's pooled features by default."""
         return model.extract_features(inputs)
 
-    def classify(self, model: "CLModel", features: torch.Tensor) -> torch.Tensor:
+    def classify(self, model: nn.Module, features: torch.Tensor) -> torch.Tensor:
         return model.head(features)
 
-    def with_loss(self, model: "CLModel", batch: dict[str, torch.Tensor], out: CLModelOutput) -> CLModelOutput:
+    def with_loss(self, model: nn.Module, batch: dict[str, torch.Tensor], out: CLModelOutput) -> CLModelOutput:
         """``out`` with ``loss``/``losses`` filled in when the batch is labelled (training)."""
         if "labels" not in batch:
             return out
@@ -140,7 +139,7 @@ class ContinualMethod(nn.Module):
         out.losses, out.loss = losses, sum(losses.values())
         return out
 
-    def loss(self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor], logits: torch.Tensor) -> torch.Tensor:
         labels = batch["labels"]
         if model.spec.modality == "lm":
             return language_model_loss(model, logits, labels, self.config.current_task_loss)
@@ -154,7 +153,7 @@ class ContinualMethod(nn.Module):
         return F.cross_entropy(logits, labels)
 
     def extra_losses(
-        self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor
+        self, model: nn.Module, batch: dict[str, torch.Tensor], logits: torch.Tensor
     ) -> dict[str, torch.Tensor]:
         """Named auxiliary terms added to the loss (regularisers, distillation, load balance)."""
         return {}
@@ -176,24 +175,24 @@ class ContinualMethod(nn.Module):
         return len(experience.train) * epochs
 
     # ---- hooks -----------------------------------------------------------------
-    def begin_task(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
+    def begin_task(self, model: nn.Module, experience: "Experience", ctx: StepContext) -> None:
         """What the engine calls at an experience's start: records its classes, then ``on_task_start``."""
         self.task_classes = list(experience.classes)
         self.on_task_start(model, experience, ctx)
 
-    def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
+    def on_task_start(self, model: nn.Module, experience: "Experience", ctx: StepContext) -> None:
         """Called before the first batch of an experience (the head has already grown)."""
 
     def after_step(
-        self, model: "CLModel", batch: dict[str, torch.Tensor], out: CLModelOutput, ctx: StepContext
+        self, model: nn.Module, batch: dict[str, torch.Tensor], out: CLModelOutput, ctx: StepContext
     ) -> None:
         """Called after every optimiser step (or every batch, for methods with nothing to train)
         with that step's output (detached ``features``, ``extras``)."""
 
-    def before_evaluation(self, model: "CLModel", ctx: StepContext) -> None:
+    def before_evaluation(self, model: nn.Module, ctx: StepContext) -> None:
         """Called before every evaluation, e.g. to synchronise statistics across processes."""
 
-    def on_task_end(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
+    def on_task_end(self, model: nn.Module, experience: "Experience", ctx: StepContext) -> None:
         """Called after the last batch of an experience."""
 
     # ---- state that is not a tensor ---------------------------------------------
@@ -204,7 +203,7 @@ class ContinualMethod(nn.Module):
     def load_extra_state(self, state: dict[str, Any]) -> None:
         """Restore :meth:`extra_state`; called *before* tensors load, so modules can be resized."""
 
-    def peft_adapter(self, model: "CLModel") -> "tuple[PeftConfig, dict[str, str]] | None":
+    def peft_adapter(self, model: nn.Module) -> "tuple[PeftConfig, dict[str, str]] | None":
         """For a method that is PEFT's own (LoRA, prompt tuning): PEFT's config of the adapter and
         the names PEFT gives its tensors (our state-dict key -> PEFT's key), so the adapter is saved
         in PEFT's format (``CLModel.save_pretrained``). None, the default: hf_clroute's format."""
@@ -230,11 +229,11 @@ class FeatureMemoryMethod(ContinualMethod):
         self.buffer = ReservoirBuffer(config.buffer_size, seed=config.seed)
         self.num_classes = 0
 
-    def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
+    def on_task_start(self, model: nn.Module, experience: "Experience", ctx: StepContext) -> None:
         if experience.classes:
             self.num_classes = max(self.num_classes, max(experience.classes) + 1)
 
-    def after_step(self, model: "CLModel", batch: dict[str, torch.Tensor], out, ctx: StepContext) -> None:
+    def after_step(self, model: nn.Module, batch: dict[str, torch.Tensor], out, ctx: StepContext) -> None:
         add_global_batch(self.buffer, out.features, batch["labels"], ctx)
 
     def extra_state(self) -> dict[str, Any]:
@@ -260,7 +259,7 @@ def cross_entropy_over_scored(logits: torch.Tensor, labels: torch.Tensor) -> tor
     return torch.where(scored, per_sample, torch.zeros_like(per_sample)).sum() / scored.sum().clamp(min=1)
 
 
-def language_model_loss(model: "CLModel", logits: torch.Tensor, labels: torch.Tensor, current_task: bool) -> torch.Tensor:
+def language_model_loss(model: nn.Module, logits: torch.Tensor, labels: torch.Tensor, current_task: bool) -> torch.Tensor:
     """Next-token cross-entropy (labels -100 are ignored), as the backbone's own loss computes it.
 
     ``current_task``: the softmax covers only the tokens this batch predicts, the language-model

@@ -11,12 +11,17 @@ from typing import TYPE_CHECKING, Any
 __all__ = ["DEFAULT_USER", "HubError", "HubServer", "start_hub_server"]
 
 if TYPE_CHECKING:
-    from .hub_server import DEFAULT_USER, HubError, HubServer, start_hub_server
+    from hf_clroute.testing.hub_server import (
+        DEFAULT_USER,
+        HubError,
+        HubServer,
+        start_hub_server,
+    )
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        from . import hub_server
+        from hf_clroute.testing import hub_server
 
         return getattr(hub_server, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

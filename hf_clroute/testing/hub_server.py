@@ -68,8 +68,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from .hub_http import Request, Response, _Server
-from .hub_store import LFS_SUFFIXES, OPS, HubError, HubStore, _check_path, _lfs_pointer
+from hf_clroute.testing.hub_http import Request, Response, _Server
+from hf_clroute.testing.hub_store import (
+    LFS_SUFFIXES,
+    OPS,
+    HubError,
+    HubStore,
+    _check_path,
+    _lfs_pointer,
+)
 
 __all__ = ["HubServer", "HubError", "start_hub_server", "DEFAULT_USER"]
 

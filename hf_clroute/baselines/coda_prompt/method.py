@@ -17,14 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...backbones import get_blocks
-from ...errors import UserInputError
-from ...methods.base import StepContext
-from ..prompt_pool.base import Prompts, PromptPoolMethod
-from .config import CodaPromptConfig
+from hf_clroute.backbones.catalog import get_blocks
+from hf_clroute.baselines.coda_prompt.config import CodaPromptConfig
+from hf_clroute.baselines.prompt_pool.base import PromptPoolMethod, Prompts
+from hf_clroute.errors import UserInputError
+from hf_clroute.methods.base import StepContext
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...model import CLModel
+    from hf_clroute.core.model import CLModel
 
 PAPER_LAYERS = [0, 1, 2, 3, 4]
 

@@ -13,14 +13,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ...backbones import get_blocks
-from ...errors import UserInputError
-from ...methods.base import StepContext
-from ..prompt_pool.base import Prompts, PromptPoolMethod, cosine_top, pull_loss, uniform
-from .config import DualPromptConfig
+from hf_clroute.backbones.catalog import get_blocks
+from hf_clroute.baselines.dualprompt.config import DualPromptConfig
+from hf_clroute.baselines.prompt_pool.base import (
+    PromptPoolMethod,
+    Prompts,
+    cosine_top,
+    pull_loss,
+    uniform,
+)
+from hf_clroute.errors import UserInputError
+from hf_clroute.methods.base import StepContext
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...model import CLModel
+    from hf_clroute.core.model import CLModel
 
 PAPER_G_LAYERS, PAPER_E_LAYERS = [0, 1], [2, 3, 4]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ..prompt_pool.base import PromptPoolConfig
+from hf_clroute.baselines.prompt_pool.base import PromptPoolConfig
 
 
 @dataclass

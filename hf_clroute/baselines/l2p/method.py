@@ -14,11 +14,17 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from ..prompt_pool.base import Prompts, PromptPoolMethod, cosine_top, pull_loss, uniform
-from .config import L2PConfig
+from hf_clroute.baselines.l2p.config import L2PConfig
+from hf_clroute.baselines.prompt_pool.base import (
+    PromptPoolMethod,
+    Prompts,
+    cosine_top,
+    pull_loss,
+    uniform,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...model import CLModel
+    from hf_clroute.core.model import CLModel
 
 
 class L2P(PromptPoolMethod):

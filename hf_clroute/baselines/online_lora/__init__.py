@@ -1,7 +1,7 @@
 """Online-LoRA: task-free LoRA, merged into the weights at loss plateaus, with importance-weighted penalty."""
 
-from .config import OnlineLoraConfig
-from .layer import MergeableLoRA
-from .method import OnlineLora
+from hf_clroute.baselines.online_lora.config import OnlineLoraConfig
+from hf_clroute.baselines.online_lora.layer import MergeableLoRA
+from hf_clroute.baselines.online_lora.method import OnlineLora
 
 __all__ = ["MergeableLoRA", "OnlineLora", "OnlineLoraConfig"]

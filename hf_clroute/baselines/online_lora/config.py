@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ...config import CLConfig
+from hf_clroute.core.config import CLConfig
 
 
 @dataclass

@@ -16,9 +16,9 @@ import math
 import weakref
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 
 class MergeableLoRA(nn.Module):

@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from ...methods.base import ContinualMethod, StepContext
-from ...outputs import model_inputs
-from .config import OnlineLoraConfig
-from .layer import MergeableLoRA
+from hf_clroute.baselines.online_lora.config import OnlineLoraConfig
+from hf_clroute.baselines.online_lora.layer import MergeableLoRA
+from hf_clroute.core.outputs import model_inputs
+from hf_clroute.methods.base import ContinualMethod, StepContext
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...model import CLModel
+    from hf_clroute.core.model import CLModel
 
 _TOKEN_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 

@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from ...backbones import pooled_features
-from ...config import CLConfig
-from ...methods.base import ContinualMethod, StepContext
-from ...outputs import CLModelOutput, backbone_inputs, model_inputs
-from .insertion import PromptInjector
+from hf_clroute.backbones.catalog import pooled_features
+from hf_clroute.baselines.prompt_pool.insertion import PromptInjector
+from hf_clroute.core.config import CLConfig
+from hf_clroute.core.outputs import CLModelOutput, backbone_inputs, model_inputs
+from hf_clroute.methods.base import ContinualMethod, StepContext
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...model import CLModel
+    from hf_clroute.core.model import CLModel
 
 #: prompted forward: (prompts inserted at the input or None, {block: (prefix keys, prefix values)}, aux losses)
 Prompts = tuple[torch.Tensor | None, dict[int, tuple[torch.Tensor, torch.Tensor]], dict[str, torch.Tensor]]

@@ -26,7 +26,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ...backbones import AttentionWrapper, BackboneSpec, get_blocks
+from hf_clroute.backbones.catalog import AttentionWrapper, BackboneSpec, get_blocks
 
 
 class PromptInjector:

@@ -1,10 +1,10 @@
 """APN: Attractor Patch Networks (routed low-rank patch FFN). Its dense FFN-only counterpart is the
 ``finetune-ffn`` baseline (``hf_clroute.baselines.finetune``)."""
 
-from ...registry import register_method
-from .config import ApnConfig
-from .method import Apn, patch_overlap, usage_per_domain
-from .patch_ffn import PatchFFN
+from hf_clroute.core.registry import register_method
+from hf_clroute.methods.apn.config import ApnConfig
+from hf_clroute.methods.apn.method import Apn, patch_overlap, usage_per_domain
+from hf_clroute.methods.apn.patch_ffn import PatchFFN
 
 register_method(ApnConfig, Apn)
 

@@ -24,14 +24,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ...backbones import get_blocks
-from ..base import ContinualMethod, StepContext, freeze_all_but, unfreeze
-from .config import ApnConfig
-from .patch_ffn import AdapterFFN, PatchFFN, PostNormAdapterOutput
+from hf_clroute.backbones.catalog import get_blocks
+from hf_clroute.methods.apn.config import ApnConfig
+from hf_clroute.methods.apn.patch_ffn import AdapterFFN, PatchFFN, PostNormAdapterOutput
+from hf_clroute.methods.base import (
+    ContinualMethod,
+    StepContext,
+    freeze_all_but,
+    unfreeze,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...data.streams import Experience
-    from ...model import CLModel
+    from hf_clroute.core.model import CLModel
+    from hf_clroute.data.experiences import Experience
 
 
 def resolve_blocks(target_blocks: list[int] | None, num_blocks: int) -> list[int]:

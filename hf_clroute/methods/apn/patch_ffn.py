@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...backbones import FixedInEval
-from .config import CODE_ENCODERS
+from hf_clroute.backbones.catalog import FixedInEval
+from hf_clroute.methods.apn.config import CODE_ENCODERS
 
 
 class PatchEncoders(FixedInEval, nn.Module):

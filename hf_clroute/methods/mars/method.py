@@ -77,18 +77,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from ...heads import StatisticsHead
-from ...outputs import CLModelOutput, model_inputs
-from ..base import ContinualMethod, StepContext
-from .class_statistics import ClassStatistics
-from .config import MarsConfig
-from .sgse import ExpansionTest, ExpansionTiming, expansion_timing
-from .slot_memory import Routing, SlotCapacityError, SlotMemory
-from .slot_statistics import AnchorBank, SlotStatistics
+from hf_clroute.core.outputs import CLModelOutput, model_inputs
+from hf_clroute.heads import StatisticsHead
+from hf_clroute.methods.base import ContinualMethod, StepContext
+from hf_clroute.methods.mars.class_statistics import ClassStatistics
+from hf_clroute.methods.mars.config import MarsConfig
+from hf_clroute.methods.mars.sgse import (
+    ExpansionTest,
+    ExpansionTiming,
+    expansion_timing,
+)
+from hf_clroute.methods.mars.slot_memory import Routing, SlotCapacityError, SlotMemory
+from hf_clroute.methods.mars.slot_statistics import AnchorBank, SlotStatistics
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...data.streams import Experience
-    from ...model import CLModel
+    from hf_clroute.core.model import CLModel
+    from hf_clroute.data.experiences import Experience
 
 
 def supervised_contrastive(features: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...replay_buffer import ReservoirBuffer
-from .config import QoaConfig
+from hf_clroute.core.replay_buffer import ReservoirBuffer
+from hf_clroute.methods.qoa.config import QoaConfig
 
 #: (query, support item) pairs scored at once; larger evaluations are chunked over queries.
 PAIR_BUDGET = 1 << 18

@@ -1,6 +1,6 @@
 """QOA as a head on a frozen backbone's pooled features.
 
-The buffer is a :class:`~hf_clroute.replay_buffer.ReservoirBuffer` of
+The buffer is a :class:`~hf_clroute.core.replay_buffer.ReservoirBuffer` of
 (features, label); being an ``nn.Module`` with tensor buffers, it is saved with
 the adapter. The support set is ``support_per_class`` items of every class in
 the buffer, in training and at evaluation alike (a scorer trained on one support
@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from ..base import FeatureMemoryMethod, StepContext, seeded_init
-from .config import QoaConfig
-from .head import (
+from hf_clroute.methods.base import FeatureMemoryMethod, StepContext, seeded_init
+from hf_clroute.methods.qoa.config import QoaConfig
+from hf_clroute.methods.qoa.head import (
     build_scorer,
     class_balanced_indices,
     classification_log_probs,
@@ -35,8 +35,8 @@ from .head import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...data.streams import Experience
-    from ...model import CLModel
+    from hf_clroute.core.model import CLModel
+    from hf_clroute.data.experiences import Experience
 
 # Purposes of the seeded draws: training support, evaluation support, replayed queries.
 _TRAIN, _EVAL, _REPLAY = 0, 1, 2

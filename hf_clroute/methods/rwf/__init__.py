@@ -1,10 +1,10 @@
 """RwF (Routing without Forgetting): Hopfield routing prompts, SPEC section 5."""
 
-from ...registry import register_method
-from .config import RwfConfig
-from .hopfield import HopfieldRouter
-from .layer import RoutedAttention
-from .method import Rwf
+from hf_clroute.core.registry import register_method
+from hf_clroute.methods.rwf.config import RwfConfig
+from hf_clroute.methods.rwf.hopfield import HopfieldRouter
+from hf_clroute.methods.rwf.layer import RoutedAttention
+from hf_clroute.methods.rwf.method import Rwf
 
 register_method(RwfConfig, Rwf)
 

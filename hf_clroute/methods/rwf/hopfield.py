@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import RwfConfig
+from hf_clroute.methods.rwf.config import RwfConfig
 
 
 def _init_matrix(kind: str, dim: int, generator: torch.Generator) -> torch.Tensor:

@@ -33,8 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...backbones import AttentionWrapper, FixedInEval
-from .hopfield import HopfieldRouter
+from hf_clroute.backbones.catalog import AttentionWrapper, FixedInEval
+from hf_clroute.methods.rwf.hopfield import HopfieldRouter
 
 
 class RoutedAttention(AttentionWrapper, FixedInEval):

@@ -1,7 +1,7 @@
 """``Rwf``: Routing without Forgetting as a continual method.
 
 ``attach`` puts one :class:`HopfieldRouter` in front of the self-attention of
-each routed block (found through ``hf_clroute.backbones``, so ViT, BERT and the
+each routed block (found through ``hf_clroute.backbones.catalog``, so ViT, BERT and the
 GPT-2 char-LM take the same path). Trained: the routers' query side and the
 shared incremental head (LM: its own LM head stays frozen). No task id, no
 replay, no per-task state: the prompts are recomputed from the input at every
@@ -30,15 +30,15 @@ from typing import TYPE_CHECKING, Any, Iterator
 import torch
 from torch import nn
 
-from ...backbones import get_blocks
-from ...heads import StatisticsHead
-from ..base import ContinualMethod, StepContext
-from .config import RwfConfig
-from .hopfield import HopfieldRouter, RoutingHealth
-from .layer import RoutedAttention
+from hf_clroute.backbones.catalog import get_blocks
+from hf_clroute.heads import StatisticsHead
+from hf_clroute.methods.base import ContinualMethod, StepContext
+from hf_clroute.methods.rwf.config import RwfConfig
+from hf_clroute.methods.rwf.hopfield import HopfieldRouter, RoutingHealth
+from hf_clroute.methods.rwf.layer import RoutedAttention
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ...model import CLModel
+    from hf_clroute.core.model import CLModel
 
 
 class Rwf(ContinualMethod):
