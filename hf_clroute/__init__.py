@@ -1,11 +1,12 @@
 """hf_clroute: routing methods for continual learning as PEFT-style adapters for HF backbones.
 
-The package has three layers, each importing only the ones below it:
+The rooms, each importing only the ones listed before it (docs/layout.md names every module):
 
-* the core: ``config``, ``registry``, ``model``, ``heads``, ``backbones``, ``io``, ``outputs``,
-  ``methods``, ``baselines``, ``data``, ``metrics``;
+* ``errors``, ``runtime``; then ``hub``, ``data``, ``metrics``; then ``backbones``, ``heads``;
+* ``core``: configs, registry, the method interface, ``CLModel``, labels, cards, ``AutoCLModel``;
+* ``methods`` and ``baselines``, one package each;
 * ``engine``: the continual loop on Accelerate, evaluation, checkpoints, callbacks;
-* ``bench``: suites, runners, results, reports, plots, probes, cards, publishing.
+* ``bench`` (harness, studies, reports, runners), then ``commands`` and ``cli``.
 
 Names below are imported on first use, so ``import hf_clroute`` stays cheap.
 """

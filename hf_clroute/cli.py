@@ -167,7 +167,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     if rename and kind != "classification":
         raise UserInputError(f"--rename relabels classification rows; these runs are {kind!r}")
     merged = runner_module(kind).merge(run_dirs, Path(args.out), drop, **({"rename": rename} if rename else {}))
-    command = (f"hf-clroute merge {' '.join(args.run_dirs)} --out {args.out}" + (f" --drop {','.join(args.drop)}" if args.drop else "")
+    command = (f"hf-clroute merge {' '.join(args.run_dirs)} --out {args.out}"
+               + (f" --drop {','.join(args.drop)}" if args.drop else "")
                + (f" --rename {','.join(args.rename)}" if args.rename else ""))
     record_command(Path(args.out) / "results.json", *merged.get("commands", []), command)
     print((Path(args.out) / "results.md").read_text())
@@ -211,17 +212,24 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
-    from hf_clroute.bench.harness.settings import method_description, method_variants
+    from hf_clroute.bench.harness.settings import method_summary, method_variants
     from hf_clroute.core.registry import available_methods, get_method
 
-    for name in available_methods():
-        entry = get_method(name)
-        doc = (entry.method_class.__doc__ or "").strip()
-        summary = method_description(name) or (doc.splitlines()[0] if doc else "")
-        print(f"{name:16s} {entry.config_class.__name__}: {summary}")
-    print("\nbench variants (a registered method with other settings):")
-    for variant, method in method_variants():
-        print(f"{variant:22s} -> {method}: {method_description(variant)}")
+    def summary(name: str) -> str:  # a method registered outside the package may have no settings file
+        doc = (get_method(name).method_class.__doc__ or "").strip()
+        return method_summary(name) or (doc.splitlines()[0] if doc else "")
+
+    rows = [(name, "", summary(name)) for name in available_methods()]
+    rows += [(name, method, method_summary(name)) for name, method in method_variants(("variants",))]
+    ablations = method_variants(("ablations",))
+    if args.all:
+        rows += [(name, method, method_summary(name)) for name, method in ablations]
+    width, of = max(len(row[0]) for row in rows), max(len(row[1]) for row in rows)
+    print(f"{'name':{width}s}  {'of':{of}s}  what it is (of: the method a variant configures)")
+    for name, method, text in rows:
+        print(f"{name:{width}s}  {method or '-':{of}s}  {text}")
+    if not args.all:
+        print(f"(--all also lists {len(ablations)} study ablations and controls)")
     return 0
 
 
@@ -236,7 +244,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     data = sub.add_parser("data", help="build or list the offline data sources")
-    data.add_argument("action", choices=["prepare", "list"], help="prepare: build sources into the cache; list: name them")
+    data.add_argument("action", choices=["prepare", "list"],
+                      help="prepare: build sources into the cache; list: name them")
     data.add_argument("names", nargs="*", help="sources to build (default: all)")
     data.add_argument("--force", action="store_true", help="rebuild even if cached")
     data.set_defaults(func=cmd_data)
@@ -249,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="the suite's reduced version (CI, demo)")
     bench.add_argument("--out", required=True, help="directory for results.json and results.md")
     bench.add_argument("--no-progress", action="store_true", help="no progress bars")
-    bench.add_argument("--merge", action="store_true", help="add these methods to an existing run in --out (same suite and seeds)")
+    bench.add_argument("--merge", action="store_true",
+                       help="add these methods to an existing run in --out (same suite and seeds)")
     bench.add_argument("--selection", default=None,
                        help="selection.json from `hf-clroute tune` on this suite: train with the hyper-parameters "
                             "chosen on validation (recorded in results.json)")
@@ -291,7 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=cmd_train)
 
     tune = sub.add_parser("tune", help="choose each method's hyper-parameters on the suite's validation split")
-    tune.add_argument("--suite", required=True, help="built-in suite name or a suite JSON file (with validation_per_class)")
+    tune.add_argument("--suite", required=True,
+                      help="built-in suite name or a suite JSON file (with validation_per_class)")
     tune.add_argument("--methods", type=_csv(str), default=None, help="comma-separated (default: the suite's)")
     tune.add_argument("--seed", type=int, default=0, help="the one seed every configuration runs with")
     tune.add_argument("--quick", action="store_true", help="the suite's reduced version")
@@ -303,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="a selection.json whose searches of these methods (same suite, seed, grid) continue here: "
                            "its scores are read, not run again (with a higher --max-extensions, an edge pick extends)")
     tune.add_argument("--precision", choices=PRECISIONS, default=None,
-                      help="bf16 autocast or fp32 (auto: bf16 only where measured faster; hf_clroute.backbones.precision)")
+                      help="bf16 autocast or fp32 (auto: bf16 only where measured faster; "
+                           "hf_clroute.backbones.precision)")
     tune.set_defaults(func=cmd_tune)
 
     merge = sub.add_parser("merge", help="combine bench runs of one suite (e.g. seeds run in parallel) into one")
@@ -316,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     merge.set_defaults(func=cmd_merge)
 
     demo = sub.add_parser("demo", help="quick Split-MNIST: naive fine-tuning vs nearest-class-mean")
-    demo.add_argument("--out", default="runs/demo", help="directory for results.json and results.md (default runs/demo)")
+    demo.add_argument("--out", default="runs/demo",
+                      help="directory for results.json and results.md (default runs/demo)")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.set_defaults(func=cmd_demo)
 
@@ -344,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default="BENCHMARKS.md", help="the page to write (default BENCHMARKS.md)")
     report.set_defaults(func=cmd_report)
 
-    methods = sub.add_parser("methods", help="list registered methods and baselines")
+    methods = sub.add_parser("methods", help="list the registered methods and their named variants, one line each")
+    methods.add_argument("--all", action="store_true", help="also list the studies' ablations and controls")
     methods.set_defaults(func=cmd_methods)
     return parser
 
@@ -355,7 +369,8 @@ def add_settings_options(parser: argparse.ArgumentParser) -> None:
                         help="print every resolved setting and where it came from (default, method settings file, "
                              "suite, run config, command line, run seed), then stop without training")
     parser.add_argument("--precision", choices=PRECISIONS, default=None,
-                        help="bf16 autocast or fp32 (auto: bf16 only where measured faster; hf_clroute.backbones.precision); "
+                        help="bf16 autocast or fp32 (auto: bf16 only where measured faster; "
+                             "hf_clroute.backbones.precision); "
                              "wins over a suite's training.precision")
 
 

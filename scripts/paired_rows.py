@@ -7,8 +7,8 @@ verdicts (each row against its control and the best statistics head) do not make
 
 A pair is ``a:b`` (A_T, printed in points) or ``METRIC:a/b`` (any per-seed field: a number, or the first
 element of a list such as the char-LM runner's ``adaptation``; ``FIELD.i.j`` indexes into nested lists, so
-``ppl_matrix.1.0`` is the char-LM runner's perplexity on domain A after training on B). Prints one line per pair (mean ± std of
-a − b, the seeds where a is higher, the paired t's p and the verdict, the same rule as the tables') and
+``ppl_matrix.1.0`` is the char-LM runner's perplexity on domain A after training on B). Prints one line per pair
+(mean ± std of a − b, the seeds where a is higher, the paired t's p and the verdict, the same rule as the tables') and
 writes them as JSON with each side's per-seed values. With ``--minus OTHER`` each side is its row's value
 minus the same row's value in OTHER on the same seed (a drop, such as A_T from 5 to 20 tasks), so a pair
 compares two rows' drops seed by seed.
@@ -20,6 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
+from hf_clroute.core.registry import method_key
 from hf_clroute.hub.io import atomic_write_text
 from hf_clroute.metrics.aggregate import paired_difference
 
@@ -57,9 +58,10 @@ def load_rows(results: Path) -> dict:
 
 
 def row(results: Path, rows: dict, method: str) -> dict:
-    if method not in rows:
+    key = method_key(rows, method)  # rows written before the one-separator rename keep old names
+    if key is None:
         raise SystemExit(f"{results}: no row {method!r} (rows: {', '.join(sorted(rows))})")
-    return rows[method]
+    return rows[key]
 
 
 def pairs_table(results: Path, pairs: list[str], minus: Path | None = None) -> list[dict]:

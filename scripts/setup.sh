@@ -6,10 +6,12 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 
-# Debian packages that carry real data (SPEC 6). Skipped when already present.
+# Debian packages: the real data, and the tests' browser. Skipped when already present.
 need_apt=()
 [ -d /usr/share/datasets/fashion-mnist ] || need_apt+=(dataset-fashion-mnist)
 [ -f /usr/share/wordnet/data.noun ] || need_apt+=(wordnet-base)
+# The headless browser that tests/test_docs_site.py opens the built docs site in (its libraries come with it).
+command -v chromium >/dev/null || need_apt+=(chromium)
 if [ ${#need_apt[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -q

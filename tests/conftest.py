@@ -14,6 +14,7 @@ import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 
@@ -37,6 +38,13 @@ os.environ.update(
     HF_HUB_CACHE=os.path.join(_HF_TMP, "hf_home", "hub"),
 )
 os.environ.pop("TRANSFORMERS_OFFLINE", None)  # huggingface_hub treats it as HF_HUB_OFFLINE
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Under pytest-xdist (`-n 2`) each worker is one of the cores: one intra-op thread each, so two workers
+    # do not oversubscribe the machine (torch reads this when it is first imported; subprocesses inherit it).
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["MKL_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:  # imported already (a plugin?): the variables came too late
+        sys.modules["torch"].set_num_threads(1)
 
 if "huggingface_hub" in sys.modules:  # imported before us (a plugin?): its constants are stale
     from huggingface_hub import constants as _hf_constants
@@ -108,7 +116,8 @@ def tiny_suite(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("suite")
     torch.manual_seed(0)
     ViTModel(tiny_vit_config()).save_pretrained(root / "vit")
-    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(root / "vit")
+    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    processor.save_pretrained(root / "vit")
     suite = {
         "name": "tiny-mnist",
         "dataset": "mnist",
@@ -124,6 +133,42 @@ def tiny_suite(tmp_path_factory: pytest.TempPathFactory):
     path = root / "tiny.json"
     path.write_text(json.dumps(suite))
     return path
+
+
+# Several run configs trained in turn by one process, each exactly as training/train_continual.py trains it:
+# the interpreter's and `accelerate launch`'s start-up (seconds of imports a process) is paid once a group.
+_TRAIN_GROUP = """
+import argparse, sys
+sys.path.insert(0, sys.argv[1])
+from train_continual import load_run_config, training_function
+
+for path in sys.argv[2:]:
+    print("run config:", path, flush=True)
+    training_function(load_run_config(path), argparse.Namespace(resume=False, stop_after_steps=0))
+"""
+
+
+@pytest.fixture(scope="session")
+def train_group(tmp_path_factory: pytest.TempPathFactory):
+    """``train(configs, processes)``: train each run config (a JSON file) in turn in one plain Python process
+    (``processes=1``) or in one CPU ``accelerate launch --multi_gpu`` of ``processes`` processes."""
+    import subprocess
+
+    script = tmp_path_factory.mktemp("train-group") / "train_group.py"
+    script.write_text(_TRAIN_GROUP)
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+
+    def train(configs: list[Path], processes: int) -> None:
+        command = [sys.executable]
+        if processes > 1:
+            command += ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+                        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                        "--main_process_port", str(_free_port())]  # a fresh one: back-to-back launches can collide
+        command += [str(script), str(repo / "training"), *map(str, configs)]
+        subprocess.run(command, check=True, env=env, cwd=repo)
+
+    return train
 
 
 @pytest.fixture

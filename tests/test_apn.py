@@ -13,11 +13,11 @@ from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
 from hf_clroute.backbones.catalog import char_lm_config, get_blocks, tiny_bert_config, tiny_vit_config
 from hf_clroute.backbones.char_tokenizer import CharTokenizer
 from hf_clroute.baselines import FfnFinetuneConfig
+from hf_clroute.core.method import StepContext
 from hf_clroute.core.model import CLModel
 from hf_clroute.data import CausalLMCollator, load_source, text_domains
 from hf_clroute.engine import make_accelerator
 from hf_clroute.methods.apn import ApnConfig, PatchFFN, patch_overlap
-from hf_clroute.methods.base import StepContext
 
 D, K, TOP_K, RANK = 16, 8, 2, 4
 VOCAB = 40

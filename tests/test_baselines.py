@@ -49,7 +49,7 @@ IMAGE_METHODS = {
 }
 TEXT_METHODS = {**IMAGE_METHODS, "er": lambda: ERConfig(buffer_size=16, max_length=24)}
 del TEXT_METHODS["vpt"]
-TEXT_METHODS["prompt_tuning"] = lambda: PromptTuningBaselineConfig(num_virtual_tokens=4)
+TEXT_METHODS["prompt-tuning"] = lambda: PromptTuningBaselineConfig(num_virtual_tokens=4)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -79,10 +79,10 @@ def test_a_suite_file_can_extend_another(tmp_path):
 
 
 def test_methods_command_lists_methods_and_variants(capsys):
-    assert main(["methods"]) == 0
+    assert main(["methods", "--all"]) == 0
     out = capsys.readouterr().out
-    assert "rwf" in out and "RwfConfig" in out and "ncm" in out
-    assert "lora-ctl" in out and "-> lora" in out and "mars-no-sgse" in out
+    assert "rwf" in out and "Routing without Forgetting" in out and "ncm" in out
+    assert "lora-ctl" in out and " lora " in out and "mars-no-sgse" in out
 
 
 def test_a_method_variant_changes_only_what_it_lists():
@@ -92,7 +92,7 @@ def test_a_method_variant_changes_only_what_it_lists():
     lora, variant = resolve_run(suite, "lora", 0), resolve_run(suite, "lora-ctl", 0)
     assert variant.registered_method == "lora" and variant.training == lora.training
     assert variant.adapter_config.to_dict() == {**lora.adapter_config.to_dict(), "current_task_loss": True}
-    assert variant.sources["config.current_task_loss"] == "configs/methods/lora-ctl.json"
+    assert variant.sources["config.current_task_loss"] == "configs/ablations/lora-ctl.json"
 
 
 def test_merge_joins_seeds_run_as_separate_invocations(tiny_suite, tmp_path):

@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def stream():
     return class_incremental(
-        load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=20, test_per_class=10, name="mnist"
+        load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=20, test_per_class=10,
+        name="mnist"
     )
 
 
@@ -77,11 +74,14 @@ def test_resume_equals_uninterrupted(stream, tmp_path):
     _, full = fit(FinetuneConfig(), stream, eval_every=3)
     ckpt = tmp_path / "ckpt"
     # Stop mid-task 1 (step 7 of 10) with checkpoints every 3 steps, as a killed job would.
-    _, partial = fit(FinetuneConfig(), stream, eval_every=3, checkpoint_dir=str(ckpt), checkpoint_every=3, stop_after_steps=7)
+    _, partial = fit(FinetuneConfig(), stream, eval_every=3, checkpoint_dir=str(ckpt), checkpoint_every=3,
+                     stop_after_steps=7)
     assert not partial.finished and (ckpt / "latest").read_text().strip() == "ckpt-00000006"
-    config = TrainingConfig(batch_size=8, learning_rate=1e-3, progress=False, eval_every=3, checkpoint_dir=str(ckpt), checkpoint_every=3)
+    config = TrainingConfig(batch_size=8, learning_rate=1e-3, progress=False, eval_every=3, checkpoint_dir=str(ckpt),
+                            checkpoint_every=3)
     model = get_cl_model(tiny_backbone(), FinetuneConfig())
-    resumed = ContinualTrainer(model, stream, config, collator(), make_accelerator(config, cpu=True)).fit(resume_from=ckpt)
+    trainer = ContinualTrainer(model, stream, config, collator(), make_accelerator(config, cpu=True))
+    resumed = trainer.fit(resume_from=ckpt)
     assert resumed.finished
     assert resumed.accuracy_matrix == full.accuracy_matrix
     assert resumed.anytime == full.anytime
@@ -141,29 +141,31 @@ def _write_run_config(tmp_path: Path, backbone_dir: Path, method: str, out: Path
     return path
 
 
-@pytest.mark.slow
 # qoa: the replay buffer is gathered across processes; slda, ranpac: head statistics summed over processes
 # finetune with a DataLoader worker: the batches, hence the numbers, do not depend on workers
-@pytest.mark.parametrize("method, num_workers", [("finetune", 0), ("ncm", 0), ("qoa", 0), ("slda", 0), ("ranpac", 0),
-                                                 ("finetune", 1)])
-def test_two_process_accelerate_run_matches_one_process(tmp_path, method, num_workers):
-    backbone_dir = tmp_path / "tiny-vit"
+TWO_PROCESS_RUNS = [("finetune", 0), ("ncm", 0), ("qoa", 0), ("slda", 0), ("ranpac", 0), ("finetune", 1)]
+
+
+@pytest.fixture(scope="module")
+def one_and_two_processes(tmp_path_factory, train_group) -> Path:
+    """Every run of TWO_PROCESS_RUNS by training/train_continual.py on one process and under
+    `accelerate launch` on two (one launch for all of them: its start-up is the slow part)."""
+    root = tmp_path_factory.mktemp("one-vs-two")
+    backbone_dir = root / "tiny-vit"
     tiny_backbone().save_pretrained(backbone_dir)
-    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(backbone_dir)
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    script = str(REPO / "training" / "train_continual.py")
-    one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, script, "--config", str(_write_run_config(tmp_path, backbone_dir, method, one, num_workers))],
-                   check=True, env=env, cwd=REPO)
-    # A fresh rendezvous port per launch: back-to-back runs on the default port can collide.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port]
-    subprocess.run([*launch, script, "--config", str(_write_run_config(tmp_path, backbone_dir, method, two, num_workers))],
-                   check=True, env=env, cwd=REPO)
-    r1, r2 = (json.loads((d / "result.json").read_text()) for d in (one, two))
+    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    processor.save_pretrained(backbone_dir)
+    for processes in (1, 2):
+        train_group([_write_run_config(root, backbone_dir, method, root / f"{processes}-{method}-{workers}", workers)
+                     for method, workers in TWO_PROCESS_RUNS], processes)
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method, num_workers", TWO_PROCESS_RUNS)
+def test_two_process_accelerate_run_matches_one_process(one_and_two_processes, method, num_workers):
+    r1, r2 = (json.loads((one_and_two_processes / f"{n}-{method}-{num_workers}" / "result.json").read_text())
+              for n in (1, 2))
     assert r1["num_processes"] == 1 and r2["num_processes"] == 2
     flat1, flat2 = (sum(r["accuracy_matrix"], []) for r in (r1, r2))
     # Same global batches, gradients averaged by DDP: equal up to float noise (one test

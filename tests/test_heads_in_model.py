@@ -20,11 +20,11 @@ from hf_clroute.baselines import (
     SimpleCILConfig,
     SLDAConfig,
 )
+from hf_clroute.core.method import StepContext, cross_entropy_over_scored
 from hf_clroute.core.model import CLModel
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
 from hf_clroute.heads import IncrementalClassifier, StatisticsHead, build_head
-from hf_clroute.methods.base import StepContext, cross_entropy_over_scored
 from hf_clroute.methods.qoa import QoaConfig
 
 D = tiny_vit_config().hidden_size

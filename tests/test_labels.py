@@ -17,10 +17,10 @@ from huggingface_hub import hf_hub_download
 from hf_clroute.bench.harness.suites import SuiteConfig, build_stream, load_suite_backbone
 from hf_clroute.cli import main
 from hf_clroute.core.labels import align_stream
+from hf_clroute.core.method import StepContext
 from hf_clroute.core.model import CLModel
 from hf_clroute.data import Experience, column_array, load_labeled_dataset
 from hf_clroute.engine import ContinualTrainer, TrainingConfig
-from hf_clroute.methods.base import StepContext
 
 FASHION = ClassLabel(names=["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
                             "Bag", "Ankle boot"])

@@ -360,7 +360,7 @@ def test_sequential_schedule_runs_stage1_then_stage2():
 
 
 def _ctx():
-    from hf_clroute.methods.base import StepContext
+    from hf_clroute.core.method import StepContext
 
     return StepContext(task_id=1)
 
@@ -567,7 +567,7 @@ def test_slot_statistics_are_the_global_batch_under_ddp():
     with torch.no_grad():
         out = model(**batch)
     whole = {"labels": batch["labels"], **out.extras}
-    from hf_clroute.methods.base import StepContext
+    from hf_clroute.core.method import StepContext
 
     single = copy.deepcopy(model.method)
     single.after_step(model, batch, out, _ctx())

@@ -200,7 +200,7 @@ def test_settings_row_resolves_for_split_mnist():
     assert (config.head, config.head_options) == ("lda", {"shrinkage": 1e-4})
     assert config.adaptation_config().on == "first_task" and config.adaptation_config().epochs == 5
     assert (config.num_slots, config.max_slots, config.dcda_window) == (32, 64, 1)  # mars.json's, through mars-paper
-    assert run.sources["config.head"] == "configs/methods/mars-fsa-slda.json"
+    assert run.sources["config.head"] == "configs/variants/mars-fsa-slda.json"
     data = method_file("mars-fsa-slda")
     assert data["control"] == "slda" and method_file("slda") and "(ours)" in data["description"]
     assert ("mars-fsa-slda", "mars-paper") in method_variants()

@@ -154,7 +154,7 @@ def test_banked_anchors_survive_save_and_load(tmp_path):
 
 
 def torch_ctx():
-    from hf_clroute.methods.base import StepContext
+    from hf_clroute.core.method import StepContext
 
     return StepContext(task_id=1)
 

@@ -28,7 +28,7 @@ from hf_clroute.metrics import (
     retention,
     summarize,
 )
-from hf_clroute.metrics.aggregate import paired_difference
+from hf_clroute.metrics.aggregate import one_seed_only, paired_difference, seeds_caption
 
 settings.register_profile("metrics", max_examples=60, deadline=None, database=None)
 settings.load_profile("metrics")
@@ -258,6 +258,14 @@ def test_format_mean_std_says_one_seed_instead_of_a_zero_spread() -> None:
     assert format_mean_std({"mean": 0.3, "std": 0.0}) == "30.0 ± 0.0"  # n unknown: the stat as stored
     assert format_mean_std({"mean": 412.4, "std": 3.0}, scale=1, digits=0) == "412 ± 3"
     assert format_mean_std(None) == "—" and format_mean_std(None, missing="n/a") == "n/a"
+
+
+def test_a_table_of_one_seed_says_so_once_in_its_caption_not_in_every_cell() -> None:
+    assert format_mean_std(mean_std([0.442]), n=1, mark_one_seed=False) == "44.2"
+    assert format_mean_std(mean_std([0.5, 0.52]), n=2, mark_one_seed=False) == "51.0 ± 1.4"  # a spread stays
+    assert one_seed_only([1, 1]) and not one_seed_only([1, 3]) and not one_seed_only([1, None])
+    assert not one_seed_only([])
+    assert "one seed" in seeds_caption(True) and seeds_caption(False) == "mean ± std over seeds"
 
 
 def test_aggregate_of_class_il_fwt_is_none() -> None:

@@ -11,8 +11,8 @@ from transformers import BertModel, ViTForImageClassification, ViTModel
 from hf_clroute import CLConfig, available_methods, get_cl_model
 from hf_clroute.backbones.catalog import tiny_bert_config, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig, NCMConfig
+from hf_clroute.core.method import StepContext
 from hf_clroute.core.model import CONFIG_NAME, WEIGHTS_NAME, CLModel
-from hf_clroute.methods.base import StepContext
 
 
 def tiny_vit(seed: int = 0) -> ViTModel:

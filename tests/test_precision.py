@@ -319,7 +319,7 @@ def test_the_optimizer_is_fused_where_training_runs_in_bf16(stream):
 
 def _image_methods() -> list[str]:
     from hf_clroute.core.registry import available_methods
-    return [m for m in available_methods() if m != "prompt_tuning"]  # prompt tuning needs word embeddings
+    return [m for m in available_methods() if m != "prompt-tuning"]  # prompt tuning needs word embeddings
 
 
 @pytest.mark.parametrize("method", _image_methods())

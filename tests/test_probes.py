@@ -6,12 +6,14 @@ import torch
 from datasets import Dataset
 from torch import nn
 
-from hf_clroute.bench.harness import probes
+from hf_clroute.bench.harness import probes as harness_probes
 from hf_clroute.bench.harness.feature_cache import FeatureCollator
-from hf_clroute.bench.harness.probes import fit_probe, forgetting_split, probe_seen_tasks
+from hf_clroute.bench.harness.probes import probe_seen_tasks
 from hf_clroute.bench.harness.verdicts import above_floor, deep_forgetting_floor
 from hf_clroute.core.outputs import CLModelOutput
 from hf_clroute.data.experiences import Experience
+from hf_clroute.metrics import probes
+from hf_clroute.metrics.probes import fit_probe, forgetting_split
 
 
 class Passthrough(nn.Module):
@@ -97,8 +99,6 @@ def test_probe_chooses_its_penalty_on_held_out_training_examples():
 
 
 def test_a_probe_on_the_same_data_is_fitted_once(monkeypatch):
-    from hf_clroute.bench.harness import probes
-
     x, y = gaussian_classes(60, seed=5)
     calls = []
     real_fit = probes.fit_logistic
@@ -127,8 +127,8 @@ def test_deep_forgetting_floor_is_the_frozen_row_and_methods_are_paired_against_
 
 
 def test_deep_forgetting_measured_by_another_probe_than_the_floors_is_not_set_against_it():
-    from hf_clroute.bench.harness.probes import PROBE_NAME
     from hf_clroute.bench.runners.classification import floor_markdown, with_verdicts
+    from hf_clroute.metrics.probes import PROBE_NAME
 
     def row(values, probe=None):
         seeds = [{"seed": s, "deep_forgetting": v} | ({"probe": probe} if probe else {}) for s, v in enumerate(values)]
@@ -154,7 +154,10 @@ def test_deep_forgetting_measured_by_another_probe_than_the_floors_is_not_set_ag
 def test_the_linear_probe_lives_with_the_probes_and_records_its_l2():
     from hf_clroute.backbones.pretraining import recipes as pretrained
 
-    assert pretrained.linear_probe_accuracy is probes.linear_probe_accuracy  # still importable where it was
+    # the pure-tensor probe sits in metrics, below backbones and bench; still importable where it was
+    assert pretrained.linear_probe_accuracy is probes.linear_probe_accuracy
+    for name in ("linear_probe_accuracy", "fit_logistic", "fit_probe", "feature_snr", "forgetting_split", "PROBE_NAME"):
+        assert getattr(harness_probes, name) is getattr(probes, name)
     x, y = gaussian_classes(60, seed=3)
     x_test, y_test = gaussian_classes(20, seed=4)
     accuracy = probes.linear_probe_accuracy(x, y, x_test, y_test)

@@ -4,10 +4,6 @@ save/load, their settings files, and 1 vs 2 processes."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,8 +18,8 @@ from hf_clroute.baselines import CodaPromptConfig, DualPromptConfig, L2PConfig, 
 from hf_clroute.baselines.coda_prompt import orthogonal_to
 from hf_clroute.baselines.online_lora import MergeableLoRA, OnlineLora
 from hf_clroute.baselines.prompt_pool import PrefixAttention
+from hf_clroute.core.method import ContinualMethod, StepContext
 from hf_clroute.core.outputs import CLModelOutput
-from hf_clroute.methods.base import ContinualMethod, StepContext
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = {"l2p": L2PConfig, "dualprompt": DualPromptConfig, "coda-prompt": CodaPromptConfig, "online-lora": OnlineLoraConfig}
@@ -377,33 +373,36 @@ def test_settings_files_give_the_paper_defaults_and_a_full_search_budget(method,
     assert settings.adapter_config.current_task_loss == (method != "online-lora")
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("method", sorted(METHODS))
-def test_two_process_accelerate_run_matches_one_process(tmp_path, method):
+@pytest.fixture(scope="module")
+def one_and_two_processes(tmp_path_factory, train_group) -> Path:
+    """Every method by training/train_continual.py on one process and under `accelerate launch` on two
+    (one launch for all four: its start-up is the slow part)."""
     from test_engine import _write_run_config
 
-    backbone_dir = tmp_path / "tiny-vit"
+    root = tmp_path_factory.mktemp("one-vs-two")
+    backbone_dir = root / "tiny-vit"
     vit().save_pretrained(backbone_dir)
-    ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3).save_pretrained(backbone_dir)
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    script = str(REPO / "training" / "train_continual.py")
-    one, two = tmp_path / "one", tmp_path / "two"
-    def run_config(out: Path) -> str:
-        path = _write_run_config(tmp_path, backbone_dir, method, out)
+    processor = ViTImageProcessor(size={"height": 16, "width": 16}, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+    processor.save_pretrained(backbone_dir)
+
+    def run_config(method: str, processes: int) -> Path:
+        path = _write_run_config(root, backbone_dir, method, root / f"{processes}-{method}")
         run = json.loads(path.read_text())
         # Online-LoRA consolidates every few steps here, so the gathered hard buffer and importance are exercised.
-        run["suite"]["method_settings"]["online-lora"] = {"config": {"window": 2, "plateau_mean": 5.0, "plateau_variance": 5.0}}
+        run["suite"]["method_settings"]["online-lora"] = {
+            "config": {"window": 2, "plateau_mean": 5.0, "plateau_variance": 5.0}}
         path.write_text(json.dumps(run))
-        return str(path)
+        return path
 
-    subprocess.run([sys.executable, script, "--config", run_config(one)], check=True, env=env, cwd=REPO)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port]
-    subprocess.run([*launch, script, "--config", run_config(two)], check=True, env=env, cwd=REPO)
-    r1, r2 = (json.loads((d / "result.json").read_text()) for d in (one, two))
+    for processes in (1, 2):
+        train_group([run_config(method, processes) for method in sorted(METHODS)], processes)
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_two_process_accelerate_run_matches_one_process(one_and_two_processes, method):
+    r1, r2 = (json.loads((one_and_two_processes / f"{n}-{method}" / "result.json").read_text()) for n in (1, 2))
     assert r1["num_processes"] == 1 and r2["num_processes"] == 2
     flat1, flat2 = (sum(r["accuracy_matrix"], []) for r in (r1, r2))
     assert flat1 == pytest.approx(flat2, abs=0.051)

@@ -12,11 +12,11 @@ from transformers import ViTModel
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
 from hf_clroute.backbones.catalog import tiny_vit_config
 from hf_clroute.bench.harness.flops import count_flops
+from hf_clroute.core.method import StepContext
 from hf_clroute.core.model import CLModel
 from hf_clroute.core.outputs import CLModelOutput
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
-from hf_clroute.methods.base import StepContext
 from hf_clroute.methods.qoa import (
     QoaConfig,
     QoaLearner,
@@ -286,7 +286,7 @@ def test_qoa_head_through_the_engine_on_mnist():
 
 
 def test_plasticity_diagnostics_and_baselines():
-    from hf_clroute.bench.runners.plasticity import (
+    from hf_clroute.bench.runners.plasticity_learners import (
         ContinualBackprop,
         FullAttention,
         effective_rank,

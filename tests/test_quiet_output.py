@@ -102,3 +102,29 @@ def test_loading_an_image_backbone_twice_warns_about_nothing(tmp_path):
                           timeout=300)
     assert done.returncode == 0 and "loaded" in done.stdout, done.stderr[-3000:]
     assert "torchvision" not in done.stderr, done.stderr[-3000:]
+
+
+def test_listing_methods_and_loading_a_committed_vit_warn_about_nothing():
+    # A fresh process, as a first run: `hf-clroute methods` loads no backbone (it imports no pretraining
+    # code), and a suite's `pretrained-vit:` backbone, which every demo and bench run on the committed
+    # ViTs loads, imports its pretraining module and reads its processor without the torchvision warning.
+    script = textwrap.dedent("""
+        import contextlib, io, logging, sys, warnings
+        from hf_clroute.cli import main
+
+        logging.basicConfig(level=logging.WARNING)
+        warnings.simplefilter("always")
+        with contextlib.redirect_stdout(io.StringIO()) as listed:
+            assert main(["methods"]) == 0
+        assert "finetune" in listed.getvalue()
+        assert not [m for m in sys.modules if ".pretraining" in m], "listing methods imported pretraining code"
+        from hf_clroute.backbones.catalog import load_backbone
+        from hf_clroute.bench.harness.suites import resolve_backbone_path
+
+        model, processor = load_backbone(resolve_backbone_path("pretrained-vit:vit-mnist-stream"))
+        print("loaded", type(processor).__name__)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, cwd=REPO,
+                          timeout=300)
+    assert done.returncode == 0 and "loaded ViTImageProcessorPil" in done.stdout, done.stderr[-3000:]
+    assert "torchvision" not in done.stdout + done.stderr, done.stderr[-3000:]

@@ -18,30 +18,55 @@ def fake_run(root, suite: str, a_t: dict[str, float], image: bool = False) -> No
     if not image:
         results["reference"] = {}  # marks a classification bench run
     (folder / "results.json").write_text(json.dumps(results))
-    (folder / "results.md").write_text(f"# {suite}\n\n| table |\n" + ("\n![curve](curve.png)\n" if image else ""))
+    (folder / "results.md").write_text(f"# {suite}\n\n| its own table |\n" + ("\n![curve](curve.png)\n" if image else ""))
 
 
-def test_report_sets_study_variants_beside_their_base(tmp_path, monkeypatch):
+def test_report_writes_an_index_and_the_pages_beside_the_results(tmp_path, monkeypatch):
     import hf_clroute.bench.reports.plots
 
-    monkeypatch.setattr(hf_clroute.bench.reports.plots, "write_plots", lambda results, out: None)  # plotting is tested elsewhere
+    monkeypatch.setattr(hf_clroute.bench.reports.plots, "write_plots", lambda results, out: None)  # tested elsewhere
     root = tmp_path / "results"
     fake_run(root, "mnist", {"rwf": 0.5, "finetune": 0.2})
     fake_run(root, "mnist-20pct", {"rwf": 0.4, "finetune": 0.19, "ncm": 0.7})
     fake_run(root, "plasticity", {}, image=True)
+    (root / "paired").mkdir()
+    (root / "paired" / "mnist.json").write_text("{}")
     page = write_benchmarks(root, tmp_path / "BENCHMARKS.md").read_text()
-    summary = page.split("## Studies")[0]
+    summary, studies, commands = ((root / name).read_text() for name in ("summary.md", "studies.md", "commands.md"))
     assert "| method | mnist |" in summary and "mnist-20pct" not in summary  # variants leave the summary
-    studies = page.split("## Studies")[1].split("\n## ")[0]
     assert "| rwf | 50.0 ± 1.0 | 40.0 ± 1.0 | -10.0 |" in studies
     assert "| finetune | 20.0 ± 1.0 | 19.0 ± 1.0 | -1.0 |" in studies
     assert "ncm" not in studies  # only methods run on the base and every variant
-    assert "](results/plasticity/curve.png)" in page  # image links rewritten relative to the page
-    assert "hf-clroute bench --suite mnist-20pct" in page
+    assert "## mnist-20pct\n\nTable: [mnist-20pct/results.md](mnist-20pct/results.md)" in commands
+    assert "```bash\nhf-clroute bench --suite mnist-20pct\n```" in commands
+    # the index links every table, every page beside them and every other results file, relative to itself
+    for link in ("results/mnist/results.md", "results/mnist-20pct/results.md", "results/plasticity/results.md",
+                 "results/summary.md", "results/studies.md", "results/commands.md#mnist-20pct",
+                 "results/paired/mnist.json"):
+        assert f"]({link})" in page, link
+    assert "| its own table |" not in page  # the suites' own tables stay in their results.md
+
+
+def test_the_index_shows_one_headline_table_per_main_suite(tmp_path, monkeypatch):
+    import hf_clroute.bench.reports.plots
+    from hf_clroute.bench.reports.report import first_table
+
+    monkeypatch.setattr(hf_clroute.bench.reports.plots, "write_plots", lambda results, out: None)
+    root = tmp_path / "results"
+    fake_run(root, "split-mnist", {"finetune": 0.2, "slda": 0.9, "rwf": 0.5})
+    fake_run(root, "qoa-plasticity", {}, image=True)
+    (root / "qoa-plasticity" / "results.md").write_text("# plasticity\n\nWhat the columns mean.\n\n| a |\n|---|\n"
+                                                        "| 1 |\n\nA second table.\n\n| b |\n")
+    page = write_benchmarks(root, tmp_path / "BENCHMARKS.md").read_text()
+    headline = page.split("### split-mnist\n")[1].split("\n### ")[0]
+    assert headline.index("| slda | 90.0 ± 1.0 |") < headline.index("| rwf |") < headline.index("| finetune |")
+    assert "full table: [split-mnist/results.md](results/split-mnist/results.md)" in headline
+    assert "What the columns mean.\n\n| a |\n|---|\n| 1 |" in page and "A second table" not in page
+    assert first_table("# x\n\nno table here\n") == ""
 
 
 def test_a_study_sharing_no_method_with_its_base_gets_no_empty_table():
-    from hf_clroute.bench.reports.report import study_tables
+    from hf_clroute.bench.reports.tables import study_tables
 
     row = {"A_T": {"mean": 0.5, "std": 0.01}}
     assert study_tables({"split-mnist": {"ncm": row}, "split-mnist-buffer": {"er-b0": row}}) == ""
@@ -63,7 +88,7 @@ def _row(per_seed: list[float], edge: bool | None = None, validation: float | No
 
 
 def test_the_controls_table_names_its_upper_bound_joint_else_joint_frozen():
-    from hf_clroute.bench.reports.report import controls_table
+    from hf_clroute.bench.reports.tables import controls_table
 
     rows = {"rwf": _row([0.5] * 5), "rwf-head-only": _row([0.52] * 5), "slda": _row([0.9] * 5),
             "joint-frozen": _row([0.85] * 5)}
@@ -144,7 +169,7 @@ def test_results_markdown_shows_se_edge_marks_and_paired_verdicts():
 
 
 def test_edge_marks_judge_a_recorded_search_by_the_current_rule():
-    from hf_clroute.bench.reports.report import edge_mark
+    from hf_clroute.bench.reports.tables import edge_mark
 
     lr, k = "training.learning_rate", "config.k"
     grid = [{lr: r, k: v} for r in (3e-4, 1e-3, 3e-3) for v in (1, 2, 4)]
@@ -156,7 +181,8 @@ def test_edge_marks_judge_a_recorded_search_by_the_current_rule():
     checked = [{"point": {lr: 9e-3, k: v}, "axis": k, "side": s, "check": True} for v, s in ((1, "low"), (4, "high"))]
     assert edge_mark({"selection": {**record, "extensions": record["extensions"] + checked}}) == ""
     # A row that recorded only its flag keeps it.
-    assert edge_mark({"selection": {"pick": {}, "edge": True}}) == "†" and edge_mark({"selection": {"edge": False}}) == ""
+    assert edge_mark({"selection": {"pick": {}, "edge": True}}) == "†"
+    assert edge_mark({"selection": {"edge": False}}) == ""
 
 
 def test_the_best_statistics_head_is_chosen_on_validation_never_on_test():
@@ -194,7 +220,7 @@ def test_every_seed_of_a_method_ran_with_one_pick_or_the_table_is_refused(tmp_pa
 
 def test_seeds_run_at_different_precisions_are_joined_but_marked_everywhere():
     from hf_clroute.bench.harness.results import mixed_precisions, precision_groups, seed_precision
-    from hf_clroute.bench.reports.report import controls_table, study_tables, summary_table
+    from hf_clroute.bench.reports.tables import controls_table, study_tables, summary_table
     from hf_clroute.bench.runners.classification import results_markdown
 
     def precision(**dtypes: str) -> dict:
@@ -225,26 +251,28 @@ def test_seeds_run_at_different_precisions_are_joined_but_marked_everywhere():
     assert "| rwf‡ |" in controls_table({"wordnet": {"rwf": mixed, "rwf-head-only": one}})
 
 
-def test_report_runs_over_the_committed_results(tmp_path, monkeypatch):
-    """The committed results.json files (written before paired verdicts, SE and edge flags) still report."""
+def test_report_reproduces_the_committed_pages_byte_for_byte(tmp_path, monkeypatch):
+    """`hf-clroute report` over the committed results writes the committed results.md tables, BENCHMARKS.md
+    (an index of at most 400 lines) and the pages beside the results, byte for byte."""
     import shutil
     from pathlib import Path
 
     import hf_clroute.bench.reports.plots
     from hf_clroute.bench.runners.dispatch import rewrite_markdown
 
-    monkeypatch.setattr(hf_clroute.bench.reports.plots, "write_plots", lambda results, out: None)
-    committed = Path(__file__).resolve().parents[1] / "results"
-    for results_file in committed.glob("*/results.json"):
-        (tmp_path / results_file.parent.name).mkdir()
-        for name in ("results.json", "results.md"):
-            shutil.copy(results_file.parent / name, tmp_path / results_file.parent.name / name)
-    rewrite_markdown(tmp_path)  # what `hf-clroute report` does first: the committed tables are its output
-    for results_md in tmp_path.glob("*/results.md"):
+    monkeypatch.setattr(hf_clroute.bench.reports.plots, "write_plots", lambda results, out: None)  # copied below
+    repo = Path(__file__).resolve().parents[1]
+    committed = repo / "results"
+    shutil.copytree(committed, tmp_path / "results")
+    rewrite_markdown(tmp_path / "results")  # what `hf-clroute report` does first: the committed tables are its output
+    for results_md in (tmp_path / "results").glob("*/results.md"):
         assert results_md.read_text() == (committed / results_md.parent.name / "results.md").read_text(), results_md
-    page = write_benchmarks(tmp_path, tmp_path / "BENCHMARKS.md").read_text()
-    if (committed / "split-mnist" / "results.json").is_file():
-        assert "### split-mnist" in page and "method − control" in page
+    page = write_benchmarks(tmp_path / "results", tmp_path / "BENCHMARKS.md").read_text()
+    assert page == (repo / "BENCHMARKS.md").read_text(), "run `hf-clroute report` and commit what it writes"
+    for name in ("summary.md", "studies.md", "commands.md"):
+        assert (tmp_path / "results" / name).read_text() == (committed / name).read_text(), name
+    assert len(page.splitlines()) <= 400
+    assert "### split-mnist\n" in page and "method − control" in (committed / "summary.md").read_text()
 
 
 def test_each_committed_selection_json_keeps_the_picks_its_tables_rows_ran_with():
@@ -266,9 +294,10 @@ def test_each_committed_selection_json_keeps_the_picks_its_tables_rows_ran_with(
 
 def test_the_adaptation_table_pairs_each_adapted_row_with_the_same_head_frozen(monkeypatch):
     from hf_clroute.bench.harness import verdicts
-    from hf_clroute.bench.reports import report
+    from hf_clroute.bench.reports import tables as report
 
-    monkeypatch.setattr(verdicts, "method_file", lambda m: {"control": "ranpac-gcv"} if m.endswith("-fsa-ranpac") else {})
+    monkeypatch.setattr(verdicts, "method_file",
+                        lambda m: {"control": "ranpac-gcv"} if m.endswith("-fsa-ranpac") else {})
     for module in (report, verdicts):
         monkeypatch.setattr(module, "registered_method", lambda m: m.split("-")[0])
 
@@ -295,7 +324,7 @@ def test_the_adaptation_table_pairs_each_adapted_row_with_the_same_head_frozen(m
 
 
 def test_the_headroom_table_names_adapters_the_paired_test_calls_better_on_the_strongest_frozen_readout():
-    from hf_clroute.bench.reports.report import headroom_table
+    from hf_clroute.bench.reports.tables import headroom_table
 
     def study(seeds, gains, validation=(0.6, 0.8, 0.7)):
         """Frozen test accuracies slda 0.9, ranpac 0.8, probe 0.7 (slda best on test); ``validation``: theirs
@@ -313,7 +342,8 @@ def test_the_headroom_table_names_adapters_the_paired_test_calls_better_on_the_s
     table = headroom_table({"headroom-mnist": study(range(5), {"lora": steady, "rwf": noisy})})
     # ranpac is the strongest frozen readout on validation (slda is on test); only lora's gain is significant there
     assert "headroom-mnist: ranpac (80.0 frozen), lora +1.0 ± 0.1 (5 of 5, p 3.4e-05): better." in table
-    assert "| headroom-mnist | 5 | rwf | +5.0 ± 0.0 (5 of 5, p 0): better | +0.3 ± 1.2 (3 of 5, p 0.56): tie * |" in table
+    assert ("| headroom-mnist | 5 | rwf | +5.0 ± 0.0 (5 of 5, p 0): better | +0.3 ± 1.2 (3 of 5, p 0.56): tie * |"
+            in table)
     assert "| +0.0 ± 0.0 (0 of 5, p 1): tie† |" in table  # lora's probe pick sits on an edge
     three = headroom_table({"headroom-mnist": study(range(3), {"lora": {r: v[:3] for r, v in steady.items()}})})
     assert "headroom-mnist: ranpac (80.0 frozen), none." in three and "too few seeds" in three  # 3 seeds: no verdict
@@ -324,7 +354,8 @@ def test_the_headroom_table_names_adapters_the_paired_test_calls_better_on_the_s
     assert "| headroom-mnist | 1 | rwf | +5.0 (one seed, no test) |" in headroom_table({"headroom-mnist": mixed})
     unscored = study(range(5), {"lora": steady})
     del unscored["frozen"][0]["probe"]["validation"]  # written before the probe chose its L2 on validation
-    assert "headroom-mnist: n/a (a frozen readout has no validation score" in headroom_table({"headroom-mnist": unscored})
+    assert "headroom-mnist: n/a (a frozen readout has no validation score" in headroom_table(
+        {"headroom-mnist": unscored})
     listed = {**study(range(5), {"lora": steady}), "config": {"adapters": ["rwf", "lora"]}}
     assert "| headroom-mnist | 0 | rwf | not run | not run | not run |" in headroom_table({"headroom-mnist": listed})
     assert headroom_table({}) == ""

@@ -94,4 +94,7 @@ def test_benchmarks_page_is_generated_from_results(bench_run, tmp_path):
     root = tmp_path / "results"
     shutil.copytree(bench_run, root / "tiny", ignore=shutil.ignore_patterns("adapters"))
     page = write_benchmarks(root, tmp_path / "BENCHMARKS.md").read_text()
-    assert "## tiny (suite tiny-mnist)" in page and "hf-clroute bench --suite" in page and "| finetune |" in page
+    commands = (root / "commands.md").read_text()
+    assert "](results/tiny/results.md)" in page and "| tiny (suite tiny-mnist) |" in page
+    assert "## tiny (suite tiny-mnist)" in commands and "hf-clroute bench --suite" in commands
+    assert "| finetune |" in (root / "summary.md").read_text()

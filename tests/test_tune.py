@@ -13,7 +13,7 @@ import math
 import pytest
 
 from hf_clroute.bench.harness.grid_search import MAX_EXTENSIONS, recorded_flags, search, step_past
-from hf_clroute.bench.harness.settings import CONFIG_ROOT, registered_method
+from hf_clroute.bench.harness.settings import CONFIG_ROOT, SETTINGS_FOLDERS, registered_method
 from hf_clroute.bench.runners import tune as tuning
 from hf_clroute.bench.runners.tune import BUDGET, LEARNING_RATES, search_grid, selected
 
@@ -35,7 +35,7 @@ def _score_peaked_at(**peaks: float):
 
 def test_every_method_file_gets_exactly_the_budget():
     wrong = []
-    for path in sorted((CONFIG_ROOT / "methods").glob("*.json")):
+    for path in sorted(p for folder in SETTINGS_FOLDERS for p in (CONFIG_ROOT / folder).glob("*.json")):
         trains = registered_method(path.stem) not in CLOSED_FORM
         try:
             grid = search_grid(path.stem, trains)

@@ -19,6 +19,7 @@ from hf_clroute import get_cl_model
 from hf_clroute.backbones.catalog import load_backbone, tiny_vit_config
 from hf_clroute.baselines import FinetuneConfig
 from hf_clroute.cli import build_parser, main
+from hf_clroute.core.method import StepContext
 from hf_clroute.core.model import CLModel
 from hf_clroute.data import Experience
 from hf_clroute.hub.io import (
@@ -27,7 +28,6 @@ from hf_clroute.hub.io import (
     looks_local,
     resolve_pretrained_dir,
 )
-from hf_clroute.methods.base import StepContext
 from hf_clroute.methods.rwf import RwfConfig
 
 
@@ -97,8 +97,8 @@ def test_failed_push_names_what_the_user_pushed(hub_down_endpoint, hub_repo_id):
 def test_a_mistyped_local_path_is_not_called_a_bad_repo_id(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").mkdir()
-    for typo in ("./adapter", "../adapter", str(tmp_path / "adapter"), "~/no-such-adapter-dir", "runs/walk/adapters/rwf",
-                 "runs/typo"):
+    for typo in ("./adapter", "../adapter", str(tmp_path / "adapter"), "~/no-such-adapter-dir",
+                 "runs/walk/adapters/rwf", "runs/typo"):
         with pytest.raises(FileNotFoundError, match=re.escape(f"no adapter directory at {typo}")):
             resolve_pretrained_dir(typo)
     assert not looks_local("me/my-adapter")  # a repo id stays a repo id
@@ -144,21 +144,21 @@ def test_every_cli_option_has_help():
 
 @pytest.mark.slow
 def test_train_runs_under_accelerate_launch_and_resumes(tiny_suite, tmp_path):
-    """`hf-clroute train` for the installed package: `accelerate launch -m hf_clroute.cli train`, stopped
-    after a few steps, resumed with --resume to the end, one process (as a single-GPU job runs it)."""
+    """`hf-clroute train` for the installed package: stopped after a few steps (here, in this process: the
+    launch is the slow part), then resumed to the end by `accelerate launch -m hf_clroute.cli train --resume`
+    in a fresh process, one process (as a relaunched single-GPU job runs it)."""
     import json
     import subprocess
     import sys
 
-    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
-              "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "hf_clroute.cli", "train",
-              "--suite", str(tiny_suite), "--method", "finetune", "--quick", "--output-dir", str(tmp_path / "run"),
-              "--checkpoint-every", "2", "--no-progress"]
-    stopped = subprocess.run([*launch, "--stop-after-steps", "3"], env=env, capture_output=True, text=True, timeout=600)
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
+    train = ["train", "--suite", str(tiny_suite), "--method", "finetune", "--quick", "--output-dir",
+             str(tmp_path / "run"), "--checkpoint-every", "2", "--no-progress"]
+    assert main([*train, "--stop-after-steps", "3"]) == 0
     assert not json.loads((tmp_path / "run" / "result.json").read_text())["finished"]
     assert not (tmp_path / "run" / "adapter").exists()  # a stopped run publishes no adapter as finished
+    env = {**os.environ, "ACCELERATE_USE_CPU": "1", "OMP_NUM_THREADS": "1"}
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "1", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no", "-m", "hf_clroute.cli", *train]
     done = subprocess.run([*launch, "--resume"], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "run" / "result.json").read_text())

@@ -1,40 +1,32 @@
-"""Speed where users feel it: the library's training loop against a bare PyTorch loop,
-the data pipeline alone, and peak memory.
+"""Speed where users feel it: the library's training loop against a bare PyTorch loop, the data pipeline, peak memory.
 
     python training/bench_speed.py --pairs 5 --out results/speed/speed.json [--quick]
+    # writes the JSON (machine, date, commit, every measurement) and README.md beside it, prints the tables
 
-Writes the JSON (machine, date, commit, every measurement) and ``README.md`` beside it,
-and prints the tables.
+* **Loop.** ``ContinualTrainer.fit`` (evaluation off: ``eval_every=0``) over the Split-MNIST stream of the
+  ``split-mnist`` suite (its classes, order, ``train_per_class`` and batch size), against a hand-written loop with
+  the same model forward, backward and AdamW step over the same batches collated beforehand (one AdamW per task, as
+  the trainer builds; the method's task hooks run in both). The stream's test splits are cut to 2 examples per class
+  and the time ``fit()`` spends evaluating (each task end's ``evaluate_row`` and the untrained-accuracy pass, timed
+  around those two calls) is subtracted from its wall (and CPU) time: what is left is the training passes -- data
+  reading, decoding, collation, steps -- and the per-task set-up. Library and bare runs alternate within each pair,
+  their order rotating from pair to pair; the ratio is taken within a pair and the median over pairs reported.
+  Families: fine-tuning (backbone trained), a frozen-backbone head (``finetune`` with ``freeze_backbone=True``: only
+  the head trains, the frozen forward still runs), and a routing method (``rwf``). Variants of the library loop:
+  ``png`` (the stream as ``build_stream`` gives it, PNG images decoded on every read: what a Python user who skips
+  ``decode_stream`` runs), ``default`` (the stream the bench trains on: ``decode_stream_if_small``, images decoded
+  once per seed, the same pixel values bit for bit; gradient clipping on, the TrainingConfig default) and
+  ``no-clip`` (the default stream, clipping off). Each is compared with the bare loop doing the same work:
+  ``bare, clip`` (clipping at the same norm) for the clipped variants, ``bare`` for ``no-clip``.
+* **Pipeline.** Samples/s from the ``datasets`` stream to device-ready batches through the trainer's own loader
+  (``training_loader``), with 0 and 2 workers: at the suite's size (28x28 gray PNGs) and at 224x224 RGB through a
+  ViT-B/16-sized ``ViTImageProcessor`` (PNGs made in memory from MNIST digits upscaled to 224x224 RGB).
+* **Memory.** Peak RSS (``VmHWM``; ``ru_maxrss`` recorded too) of a Split-MNIST fine-tuning run (the suite's
+  settings, full test splits, anytime evaluation) and of the bare loop over the same batches, each in its own
+  process, with the RSS after each import.
 
-* **Loop.** ``ContinualTrainer.fit`` (evaluation off: ``eval_every=0``) over the Split-MNIST
-  stream of the ``split-mnist`` suite (its classes, order, ``train_per_class`` and batch size),
-  against a hand-written loop with the same model forward, backward and AdamW step over the
-  same batches collated beforehand (one AdamW per task, as the trainer builds; the method's
-  task hooks run in both). The stream's test splits are cut to 2 examples per class and the
-  time ``fit()`` spends evaluating (each task end's ``evaluate_row`` and the untrained-accuracy
-  pass, timed around those two calls) is subtracted from its wall (and CPU) time: what is left
-  is the training passes -- data reading, decoding, collation, steps -- and the per-task set-up. Library and bare runs alternate within each pair, their order rotating
-  from pair to pair; the ratio is taken within a pair and the median over pairs reported.
-  Families: fine-tuning (backbone trained), a frozen-backbone head (``finetune`` with
-  ``freeze_backbone=True``: only the head trains, the frozen forward still runs), and a routing
-  method (``rwf``). Variants of the library loop: ``png`` (the stream as ``build_stream`` gives
-  it, PNG images decoded on every read: what a Python user who skips ``decode_stream`` runs),
-  ``default`` (the stream the bench trains on: ``decode_stream_if_small``, images decoded once
-  per seed, the same pixel values bit for bit; gradient clipping on, the TrainingConfig default)
-  and ``no-clip`` (the default stream, clipping off). Each is compared with the bare loop doing
-  the same work: ``bare, clip`` (clipping at the same norm) for the clipped variants, ``bare``
-  for ``no-clip``.
-* **Pipeline.** Samples/s from the ``datasets`` stream to device-ready batches through the
-  trainer's own loader (``training_loader``), with 0 and 2 workers:
-  at the suite's size (28x28 gray PNGs) and at 224x224 RGB through a ViT-B/16-sized
-  ``ViTImageProcessor`` (PNGs made in memory from MNIST digits upscaled to 224x224 RGB).
-* **Memory.** Peak RSS (``VmHWM``; ``ru_maxrss`` recorded too) of a Split-MNIST fine-tuning run (the suite's settings,
-  full test splits, anytime evaluation) and of the bare loop over the same batches, each in its
-  own process, with the RSS after each import.
-
-The backbone is the suite's ``pretrained-vit:vit-mnist-stream`` when it is cached, else a
-randomly initialised ViT of the recipe's shape (speed and memory do not depend on the
-weights); the JSON says which.
+The backbone is the suite's ``pretrained-vit:vit-mnist-stream`` when it is cached, else a randomly initialised ViT
+of the recipe's shape (speed and memory do not depend on the weights); the JSON says which.
 """
 
 from __future__ import annotations
@@ -187,7 +179,8 @@ def old_collate(collator, examples):
     from hf_clroute.data.collate import batch_labels
 
     pixels = torch.stack([collator.to_tensor(ex[collator.image_column]) for ex in examples])
-    return {"pixel_values": (pixels - collator.mean) / collator.std, "labels": batch_labels(examples, collator.label_column)}
+    return {"pixel_values": (pixels - collator.mean) / collator.std,
+            "labels": batch_labels(examples, collator.label_column)}
 
 
 def precollate(stream, collator, batch_size: int, device) -> list[list[dict]]:
@@ -205,7 +198,7 @@ def bare_loop(stream, batches, source, config, training, device, clip: bool = Fa
     import torch
 
     from hf_clroute import get_cl_model
-    from hf_clroute.methods.base import StepContext
+    from hf_clroute.core.method import StepContext
 
     model = get_cl_model(make_backbone(source), copy.deepcopy(config)).to(device)
     model.train()
@@ -383,7 +376,8 @@ def measure_pipeline(args, suite, collator, device) -> dict[str, Any]:
         for name, data, old in (("before (row reads, per-image collate)", dsets, True), ("PNG", dsets, False),
                                 ("decoded", decoded, False)):
             for workers in (0, 2):
-                rates = [pipeline_rate(data, coll, batch_size, workers, device, old=old) for _ in range(args.pipeline_reps)]
+                rates = [pipeline_rate(data, coll, batch_size, workers, device, old=old)
+                         for _ in range(args.pipeline_reps)]
                 case["samples_per_s"][f"{name}, {workers} workers"] = statistics.median(rates)
                 print(f"  [pipeline {label}] {name}, {workers} workers: {statistics.median(rates):.0f}/s", flush=True)
         out[label] = case
@@ -541,14 +535,16 @@ def tables(results: dict[str, Any]) -> str:
     rows = ["| process | peak RSS (MB) |", "|---|---|"]
     rows.append(f"| library: Split-MNIST fine-tuning run | {mem['library']['peak_rss_mb']:.0f} |")
     rows.append(f"| bare loop, same batches | {mem['bare']['peak_rss_mb']:.0f} |")
-    rows.append(f"| bare loop, same batches, `import datasets` first | {mem['bare + import datasets']['peak_rss_mb']:.0f} |")
+    with_datasets = mem["bare + import datasets"]["peak_rss_mb"]
+    rows.append(f"| bare loop, same batches, `import datasets` first | {with_datasets:.0f} |")
     rows.append(f"| library / bare | {mem['peak_ratio']:.2f}x |")
     rows.append(f"| library / (bare + import datasets) | {mem['peak_ratio_to_bare_with_datasets']:.2f}x |")
     out += "\nPeak memory (own processes):\n\n" + "\n".join(rows) + "\n"
     stages = ["| after | library RSS (MB) | bare RSS (MB) | bare + import datasets RSS (MB) |", "|---|---|---|---|"]
     lib, bare, with_ds = (mem[k]["stages_mb"] for k in ("library", "bare", "bare + import datasets"))
     for stage in dict.fromkeys([*lib, *bare, *with_ds]):
-        stages.append(f"| {stage} | " + " | ".join(f"{d.get(stage, float('nan')):.0f}" for d in (lib, bare, with_ds)) + " |")
+        cells = (f"{d.get(stage, float('nan')):.0f}" for d in (lib, bare, with_ds))
+        stages.append(f"| {stage} | " + " | ".join(cells) + " |")
     out += "\n" + "\n".join(stages) + "\n"
     return out
 
@@ -666,12 +662,14 @@ def same_numbers_note(out_dir: Path) -> str:
 def readme(results: dict[str, Any], table: str, out_dir: Path) -> str:
     m, gcm = results["machine"], results["gc"]
     threads_note = (" (set with --threads: on a shared 2-core machine two torch threads wait on each other whenever "
-                    "another job holds a core, and timings swing several-fold)" if "--threads" in results["command"] else "")
+                    "another job holds a core, and timings swing several-fold)"
+                    if "--threads" in results["command"] else "")
     mem = results["memory"]
     sizes = ("--quick sizes: 200 training examples per class instead of the suite's 500, 200 images at 224x224; "
              "the memory runs keep the suite sizes" if results["quick"] else "the suite sizes")
     backbone = ("the cached `pretrained-vit:vit-mnist-stream`" if results["backbone"]["kind"] == "pretrained" else
-                "a randomly initialised ViT of the `vit-mnist-stream` recipe's shape (the pretrained one was not cached)")
+                "a randomly initialised ViT of the `vit-mnist-stream` recipe's shape "
+                "(the pretrained one was not cached)")
     met = []
     for name, value in results["targets"].items():
         if "ratio" in value:
@@ -692,10 +690,11 @@ Everything measured is in [speed.json](speed.json); `training/bench_speed.py` sa
 Split-MNIST stream of the `{results['suite']}` suite ({results['train_per_class']} training examples per class,
 5 tasks), batch size 10, on {backbone}.
 Library: `ContinualTrainer.fit` with anytime evaluation off, timed as fit's time minus the time inside its
-evaluations (task-end rows, untrained accuracy), over test splits cut to {results['loop_test_per_class']} examples per class. Bare: forward, backward,
-AdamW step over the same batches collated beforehand. {results['pairs']} interleaved pairs, median ratio, in wall
-time and in this process's CPU time (`time.process_time`, evaluation's share subtracted likewise; with no
-DataLoader workers all the work is in the process, and CPU time is what a busy shared machine disturbs least).
+evaluations (task-end rows, untrained accuracy), over test splits cut to {results['loop_test_per_class']} examples
+per class. Bare: forward, backward, AdamW step over the same batches collated beforehand.
+{results['pairs']} interleaved pairs, median ratio, in wall time and in this process's CPU time
+(`time.process_time`, evaluation's share subtracted likewise; with no DataLoader workers all the work is in
+the process, and CPU time is what a busy shared machine disturbs least).
 
 {table}
 `png` trains on the suite's stream as `build_stream` gives it (PNG images, decoded at every read); `default`
@@ -703,8 +702,7 @@ on the stream the bench trains on, whose images `decode_stream_if_small` decoded
 ({results['loop']['decode_stream_s']:.1f} s for the whole stream, paid once for every method, evaluation and probe
 of that seed; the pixel values are bit-identical to the PNG path), with gradient clipping on (the default: it
 changes numbers); `no-clip` is the default stream with clipping off. Each variant is compared, pair by pair, with
-the bare loop doing the same work (`compared with`). The measurements before this issue's changes are in the
-git history of this file (commit 21b6848: fine-tuning 0.58x before stop 18's changes, 0.87x after).
+the bare loop doing the same work (`compared with`).
 
 Task ends: `Accelerator.free_memory()` took {gcm['free_memory_s'] * 1000:.0f} ms with {gcm['live_objects']:,} live
 objects in this process (x5 tasks = {gcm.get('share_of_default_finetune_loop', 0) * 100:.1f}% of the `png`
@@ -719,8 +717,9 @@ large one inherits the parent's `ru_maxrss`). The bare process imports torch and
 ({mem['bare']['stages_mb']['+ transformers ViTModel']:.0f} MB before any data); the library's process reaches
 {mem['library']['stages_mb']['+ ContinualTrainer, get_cl_model']:.0f} MB once `from hf_clroute import ContinualTrainer`
 has pulled in accelerate and datasets, {mem['library']['stages_mb']['+ stream built']:.0f} MB with the stream built
-(memory-mapped Arrow tables of MNIST, this stream's images decoded), and peaks at {mem['library']['peak_rss_mb']:.0f} MB against the bare loop's
-{mem['bare']['peak_rss_mb']:.0f} MB ({mem['peak_ratio']:.2f}x). `import hf_clroute` alone is lazy.
+(memory-mapped Arrow tables of MNIST, this stream's images decoded), and peaks at
+{mem['library']['peak_rss_mb']:.0f} MB against the bare loop's {mem['bare']['peak_rss_mb']:.0f} MB
+({mem['peak_ratio']:.2f}x). `import hf_clroute` alone is lazy.
 Importing `datasets` (pyarrow and pandas with it), which any loop over a `datasets` stream does, takes the bare
 process from {mem['bare + import datasets']['stages_mb']['+ transformers ViTModel']:.0f} to
 {mem['bare + import datasets']['stages_mb']['+ import datasets']:.0f} MB; against that bare loop the library's peak is

@@ -119,7 +119,8 @@ def table(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated methods (settings of split-cifar100)")
+    parser.add_argument("--methods", default=DEFAULT_METHODS,
+                        help="comma-separated methods (settings of split-cifar100)")
     parser.add_argument("--steps", type=int, default=50, help="training steps per method")
     parser.add_argument("--batch-size", type=int, default=10, help="training batch (10: the suite's online batch)")
     parser.add_argument("--eval-batch-size", type=int, default=256)
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
                args, device)
     report = {
         "date": datetime.date.today().isoformat(),
-        "device": torch.cuda.get_device_name(0) if device == "cuda" else f"CPU ({platform.processor() or platform.machine()})",
+        "device": (torch.cuda.get_device_name(0) if device == "cuda"
+                   else f"CPU ({platform.processor() or platform.machine()})"),
         "torch": torch.__version__, "precision": args.precision, "small": args.small, "steps": args.steps,
         "batch_size": args.batch_size, "eval_examples": args.eval_examples,
         "backbone": {k: getattr(backbone.config, k) for k in ("image_size", "patch_size", "hidden_size",

@@ -30,7 +30,8 @@ from hf_clroute.backbones.pretraining.vit import DEFAULTS, training_function  # 
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description="Pretrain a small stand-in ViT backbone (hf_clroute.backbones.pretraining.vit).")
+    parser = argparse.ArgumentParser(
+        description="Pretrain a small stand-in ViT backbone (hf_clroute.backbones.pretraining.vit).")
     parser.add_argument("--recipe", required=True, choices=sorted(RECIPES))
     parser.add_argument("--out", required=True, help="output directory (checkpoint + pretrain_report.json)")
     parser.add_argument("--steps", type=int, default=None, help="default: the recipe's, else DEFAULTS['steps']")
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--limit", type=int, default=None, help="use only the first N images per split (smoke tests)")
     parser.add_argument("--asset", nargs="?", const=str(assets_root()), default=None, metavar="ROOT",
                         help="also store the result as the package's committed asset, ROOT/<recipe> "
-                             "(default ROOT: hf_clroute/backbones/pretraining/assets), which pretrained_vit_path installs")
+                             "(default ROOT: hf_clroute/backbones/pretraining/assets), "
+                             "which pretrained_vit_path installs")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     report = training_function(args.recipe, args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size,

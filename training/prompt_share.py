@@ -26,16 +26,17 @@ from transformers import ViTConfig, ViTModel
 
 from hf_clroute import get_cl_model
 from hf_clroute.bench.harness.settings import merged_method_settings, registered_method
+from hf_clroute.core.method import StepContext
 from hf_clroute.core.registry import get_method
 from hf_clroute.hub.io import atomic_write_text
-from hf_clroute.methods.base import StepContext
 
 METHODS = ("rwf", "l2p", "dualprompt", "coda-prompt")
 
 
 def vit_b16() -> ViTModel:
     torch.manual_seed(0)
-    return ViTModel(ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, image_size=224, patch_size=16))
+    return ViTModel(ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, image_size=224,
+                              patch_size=16))
 
 
 def count(method: str, tasks: int, classes: int) -> dict:

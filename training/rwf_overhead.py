@@ -87,7 +87,8 @@ def measure(name: str, batch: int, reps: int, num_classes: int = 10) -> dict:
 
     times: dict[str, list[float]] = {k: [] for k in ("infer_bare", "infer_rwf", "train_bare", "train_rwf")}
     for step in range(reps + 1):  # the first round warms up allocators and kernels
-        for key, fn, model in (("infer_bare", infer, bare), ("infer_rwf", infer, rwf), ("train_bare", train, bare), ("train_rwf", train, rwf)):
+        for key, fn, model in (("infer_bare", infer, bare), ("infer_rwf", infer, rwf),
+                               ("train_bare", train, bare), ("train_rwf", train, rwf)):
             seconds = timed(lambda: fn(model))
             if step:
                 times[key].append(seconds)
@@ -112,7 +113,8 @@ def measure(name: str, batch: int, reps: int, num_classes: int = 10) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backbone", action="append", help="vit-b16, minilm, pretrained-vit:<recipe> or a checkpoint dir (repeatable)")
+    parser.add_argument("--backbone", action="append",
+                        help="vit-b16, minilm, pretrained-vit:<recipe> or a checkpoint dir (repeatable)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--out", help="also write the results as JSON here")

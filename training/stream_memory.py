@@ -3,10 +3,10 @@
     python training/stream_memory.py --rows 1000 4000 16000
 
 For each size, writes ``rows`` training images (64x64 RGB PNG noise, 12 kB each, 4 classes,
-parquet shards of 250 rows: a longer stream has more shards, as on the Hub) and trains fine-tuning of a tiny ViT over the 2-task stream in a fresh process
-(``class_incremental_streaming``, batch 50, one pass), then prints the stream's size on disk
-and the training process's peak resident memory (``VmHWM``). A stream that is never materialised
-leaves the peak where the smallest stream put it.
+parquet shards of 250 rows: a longer stream has more shards, as on the Hub) and trains fine-tuning of a
+tiny ViT over the 2-task stream in a fresh process (``class_incremental_streaming``, batch 50, one pass),
+then prints the stream's size on disk and the training process's peak resident memory (``VmHWM``). A
+stream that is never materialised leaves the peak where the smallest stream put it.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ An example script over the installed package's own command, ``hf-clroute train``
 
     accelerate launch training/train_continual.py --config configs/runs/split-mnist-finetune.json
 
-Two CPU processes on one machine (SPEC 8):
+Two CPU processes on one machine:
 
     ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 --num_machines 1 \
         --mixed_precision no --dynamo_backend no training/train_continual.py --config ...

@@ -1,0 +1,1 @@
+"""Backbones: the catalog of supported models, the char tokenizer, precision, the committed assets."""

@@ -11,9 +11,9 @@ One setting, ``auto`` / ``bf16`` / ``fp32``. Where it comes from, first found wi
 never does. ``auto`` runs a phase (``train``: the training step, forward and backward;
 ``features``: frozen-feature extraction; ``eval``: scoring a test split) in bf16 only when
 the device has bf16 units (a CPU with AVX-512 BF16 or AMX, checked at run time) and the
-workload is in :data:`MEASURED` as faster in bf16 on such a CPU, with a paired fp32-vs-bf16
-check of A_T on its suites within the paired noise. Anything not measured stays fp32: bf16
-autocast is not a free win (on the small ViT of width 128 it makes training slower).
+workload is in :data:`MEASURED` (read from ``bf16_speedups.json``) as faster in bf16 on such a
+CPU, with a paired fp32-vs-bf16 check of A_T on its suites within the paired noise. Anything not
+measured stays fp32: bf16 autocast is not a free win (it can make training slower).
 On CUDA, ``auto`` stays fp32 (nothing measured on a GPU here); ``bf16`` there is autocast
 as Accelerate's ``mixed_precision="bf16"`` does it.
 
@@ -27,8 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, ContextManager
 
 import torch
@@ -40,35 +42,26 @@ PHASES = ("train", "features", "eval")
 ENV_VAR = "HF_CLROUTE_PRECISION"
 DEFAULT = "auto"
 
-#: The command that measured :data:`MEASURED` (one thread, fp32 and bf16 interleaved, median of pairs).
-MEASURED_BY = "python -m hf_clroute.bench.studies.roofline --out results/speed/roofline.json"
+#: The measured table :data:`MEASURED` is read from (it says on which CPU, when and by which command).
+MEASURED_FILE = Path(__file__).with_name("bf16_speedups.json")
 
-#: bf16-autocast speed-ups over fp32 on a CPU with AVX-512 BF16 (AMD EPYC, no AMX), in CPU time, one thread,
-#: by backbone (``model_type``, hidden size), phase and batch size, from ``MEASURED_BY``
-#: (results/speed/roofline.json, 2026-12-03; its "precision" block). Inference rows serve both the
-#: ``features`` and the ``eval`` phase (the same backbone forward).
+
+def _load_measured(path: Path) -> tuple[str, tuple[dict[str, Any], ...]]:
+    """(the command that measured the table, its rows), batch sizes as ints and suites as tuples."""
+    table = json.loads(path.read_text())
+    rows = tuple({**row, "speedup": {int(b): v for b, v in row["speedup"].items()}, "checked": tuple(row["checked"])}
+                 for row in table["rows"])
+    return table["measured_by"], rows
+
+
+#: bf16-autocast speed-ups over fp32, one row per backbone (``model_type``, hidden size) and phase, by batch size,
+#: measured on a CPU with bf16 units by ``MEASURED_BY``. Inference rows serve both the ``features`` and the
+#: ``eval`` phase (the same backbone forward).
 #: ``min_batch``: the smallest measured batch from which bf16 was faster at every larger measured batch
 #: (None: not faster at the largest); smaller batches were not measured faster and stay fp32.
-#: ``checked``: the suites whose paired A_T check (scripts/precision_check.sh,
-#: results/speed/precision_check.json) found A_T within the paired noise; auto picks bf16 only where
+#: ``checked``: the suites whose paired A_T check found A_T within the paired noise; auto picks bf16 only where
 #: every suite checked on that backbone is listed (none listed: fp32).
-MEASURED: tuple[dict[str, Any], ...] = (
-    # all-MiniLM-L6-v2 (BERT, 6 layers, width 384), 24 tokens (wordnet's max_length); training with
-    # torch's fused AdamW step under bf16 (TrainingConfig.fused_optimizer's default)
-    {"model_type": "bert", "hidden_size": 384, "phase": "train", "min_batch": 10,
-     "speedup": {10: 2.59, 32: 2.33}, "checked": ("wordnet",)},
-    {"model_type": "bert", "hidden_size": 384, "phase": "features", "min_batch": 10,
-     "speedup": {10: 2.04, 128: 2.62, 256: 2.51}, "checked": ("wordnet",)},
-    {"model_type": "bert", "hidden_size": 384, "phase": "eval", "min_batch": 10,
-     "speedup": {10: 2.04, 128: 2.62, 256: 2.51}, "checked": ("wordnet",)},
-    # the committed small ViTs (width 128, 4 layers, 7x7 patches of 28x28 images: 17 tokens)
-    {"model_type": "vit", "hidden_size": 128, "phase": "train", "min_batch": None,
-     "speedup": {10: 0.75, 256: 0.76}, "checked": ()},
-    {"model_type": "vit", "hidden_size": 128, "phase": "features", "min_batch": 64,
-     "speedup": {10: 0.96, 64: 1.61, 256: 1.80}, "checked": ("split-mnist", "split-fashion")},
-    {"model_type": "vit", "hidden_size": 128, "phase": "eval", "min_batch": 64,
-     "speedup": {10: 0.96, 64: 1.61, 256: 1.80}, "checked": ("split-mnist", "split-fashion")},
-)
+MEASURED_BY, MEASURED = _load_measured(MEASURED_FILE)
 
 
 def check_setting(value: Any, field: str = "precision") -> str:

@@ -1,4 +1,3 @@
-"""The bench: suites, runners, results, reports, plots, probes, model cards and publishing.
-
-Built on the engine and the core; nothing below imports from here.
+"""Benchmarking, in four rooms imported bottom-up: ``harness`` (what every benchmark shares), ``studies``,
+``reports`` and ``runners``. Built on the engine and the core; nothing below imports from here.
 """

@@ -1,0 +1,1 @@
+"""The user commands behind `hf-clroute train`, `evaluate` and `push`."""

@@ -85,6 +85,7 @@ def evaluate_adapter(adapter: str | os.PathLike, suite: str | Path, *, seed: int
         build_stream,
         load_suite_backbone,
     )
+    from hf_clroute.core.method import StepContext
     from hf_clroute.core.model import CLModel
     from hf_clroute.engine import (
         TrainingConfig,
@@ -92,7 +93,6 @@ def evaluate_adapter(adapter: str | os.PathLike, suite: str | Path, *, seed: int
         make_accelerator,
         test_loader,
     )
-    from hf_clroute.methods.base import StepContext
 
     say = print if verbose else (lambda *args, **kwargs: None)
     config = SuiteConfig.load(str(suite), quick=quick)
@@ -106,7 +106,8 @@ def evaluate_adapter(adapter: str | os.PathLike, suite: str | Path, *, seed: int
         # adapter's ids, matched by label name (a class the adapter never learned is refused).
         aligned = labels.align_stream(stream, model.config, allow_new=False, what=f"suite {config.name!r} seed {seed}")
         if [e.classes for e in aligned] != [e.classes for e in stream]:
-            say(f"classes matched to the adapter's labels by name (the adapter's order: {labels_in_order(model.config)})")
+            say("classes matched to the adapter's labels by name "
+                f"(the adapter's order: {labels_in_order(model.config)})")
         stream = aligned
     elif verbose:
         print("note: this adapter records no class labels; the stream's class ids are used as they are, which is "

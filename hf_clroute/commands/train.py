@@ -166,7 +166,8 @@ def refuse_ignored_fsdp(accelerator: Any) -> None:
     if asked and accelerator.distributed_type != DistributedType.FSDP:
         version = os.environ.get("FSDP_VERSION", "1")
         raise UserInputError(
-            f"FSDP (fsdp_version {version}) was asked for, but Accelerate started a {accelerator.distributed_type.value} "
-            f"run on {accelerator.device.type}: Accelerate shards models only on accelerators (GPU, NPU, XPU...), "
-            "so here every process would hold the whole model. Launch on GPU machines, or drop the FSDP config "
+            f"FSDP (fsdp_version {version}) was asked for, but Accelerate started a "
+            f"{accelerator.distributed_type.value} run on {accelerator.device.type}: Accelerate shards models only "
+            "on accelerators (GPU, NPU, XPU...), so here every process would hold the whole model. "
+            "Launch on GPU machines, or drop the FSDP config "
             "(plain DDP: --multi_gpu, ACCELERATE_USE_CPU=1 on CPUs)")

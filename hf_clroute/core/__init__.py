@@ -1,0 +1,1 @@
+"""The adapter model: configs, the registry, the method interface, CLModel, labels, model cards, AutoCLModel."""

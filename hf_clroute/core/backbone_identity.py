@@ -126,7 +126,8 @@ def check_backbone(config: CLConfig, backbone: nn.Module, source: str, fingerpri
     ``fingerprint``: the backbone's :func:`recorded_fingerprint` (from before any adapter trained it).
     Warns when only the names differ (a local copy of a Hub model, say)."""
     recorded_name, given_name = config.base_model_name_or_path or "", getattr(backbone, "name_or_path", "") or ""
-    recorded, given = recorded_name or "an unnamed backbone", loaded_name(backbone) or given_name or "an unnamed backbone"
+    unnamed = "an unnamed backbone"
+    recorded, given = recorded_name or unnamed, loaded_name(backbone) or given_name or unnamed
     if config.base_model_fingerprint is None:
         return
     saved_config, saved_weights = _split_fingerprint(config.base_model_fingerprint)
@@ -141,8 +142,9 @@ def check_backbone(config: CLConfig, backbone: nn.Module, source: str, fingerpri
             f"config. {load_hint[0].upper()}{load_hint[1:]}"
         )
     if config.freeze_backbone and saved_weights is None:
-        warnings.warn(f"adapter {source} records no weights fingerprint of its backbone (saved by an older hf_clroute): "
-                      f"the weights of {given!r} cannot be checked against {recorded!r}'s", stacklevel=3)
+        warnings.warn(f"adapter {source} records no weights fingerprint of its backbone "
+                      f"(saved by an older hf_clroute): the weights of {given!r} cannot be checked against "
+                      f"{recorded!r}'s", stacklevel=3)
     elif config.freeze_backbone and given_weights is not None and saved_weights != given_weights:
         message = (f"adapter {source} was saved on backbone {recorded!r} with weights fingerprint {saved_weights}; "
                    f"the backbone given, {given!r}, has its architecture but other weights (fingerprint "

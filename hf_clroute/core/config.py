@@ -84,7 +84,8 @@ class CLConfig:
     )
     scenario: str = field(
         default="class",
-        metadata={"help": "Continual scenario: 'class' (one head, no task id), 'domain' or 'task' (task id at test time)."},
+        metadata={"help": "Continual scenario: 'class' (one head, no task id), 'domain' or 'task' "
+                          "(task id at test time)."},
     )
     head_init_seed: int = field(
         default=0,
@@ -219,7 +220,8 @@ class CLConfig:
             else:
                 self.label2id = {str(k): int(v) for k, v in self.label2id.items()}
                 if self.label2id != inverse:
-                    raise ValueError(f"{name}.label2id {self.label2id} is not the inverse of id2label {dict(self.id2label)}")
+                    raise ValueError(
+                        f"{name}.label2id {self.label2id} is not the inverse of id2label {dict(self.id2label)}")
         elif self.label2id is not None:
             raise ValueError(f"{name}.label2id is set but id2label is not; give id2label (label2id is derived)")
         if self.class_order is not None:

@@ -63,12 +63,14 @@ class AdaptationConfig:
                 isinstance(self.learning_rate, bool) or not isinstance(self.learning_rate, (int, float))
                 or self.learning_rate <= 0):
             raise ValueError(f"{name}.learning_rate must be a positive number or None, got {self.learning_rate!r}")
-        if isinstance(self.weight_decay, bool) or not isinstance(self.weight_decay, (int, float)) or self.weight_decay < 0:
+        decay = self.weight_decay
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or decay < 0:
             raise ValueError(f"{name}.weight_decay must be a number >= 0, got {self.weight_decay!r}")
         if self.on == "adaptation_split" and self.per_class is None:
             raise ValueError(f"{name}.per_class is required with on='adaptation_split' (examples per class to carve)")
         if self.on == "first_task" and self.per_class is not None:
-            raise ValueError(f"{name}.per_class applies only to on='adaptation_split'; leave it None with on='first_task'")
+            raise ValueError(
+                f"{name}.per_class applies only to on='adaptation_split'; leave it None with on='first_task'")
 
     @classmethod
     def from_value(cls, value: Any, owner: str) -> "AdaptationConfig":

@@ -117,8 +117,8 @@ def record_labels(config: CLConfig, experience: Experience, stream: str | None =
             raise ValueError(
                 f"experience {_name(experience)!r} gives head id {c.id} to class {c.name!r}, but this adapter already "
                 f"uses id {c.id} for {known!r} ({_describe(config)}); renumber the stream onto the adapter's labels "
-                "with hf_clroute.core.labels.align_stream(stream, model.config) (ContinualTrainer does this for streams "
-                "whose classes have names)"
+                "with hf_clroute.core.labels.align_stream(stream, model.config) (ContinualTrainer does this for "
+                "streams whose classes have names)"
             )
         other = label2id.get(c.name)
         if other is not None and other != c.id:

@@ -54,6 +54,7 @@ from hf_clroute.core.backbone_identity import (
 )
 from hf_clroute.core.config import CLConfig
 from hf_clroute.core.labels import record_labels
+from hf_clroute.core.method import ContinualMethod, StepContext
 from hf_clroute.core.outputs import CLModelOutput, backbone_inputs, model_inputs
 from hf_clroute.core.registry import get_method
 from hf_clroute.errors import UserInputError
@@ -70,7 +71,6 @@ from hf_clroute.hub.io import (
     refuse_pickles,
     resolve_pretrained_dir,
 )
-from hf_clroute.methods.base import ContinualMethod, StepContext
 
 #: our weights in every layout (before 0.2, the name of the PEFT-format layout's own file)
 PEFT_LAYOUT_WEIGHTS_NAME = WEIGHTS_NAME
@@ -196,7 +196,8 @@ class CLModel(nn.Module):
         (``str(id)`` for an id without a recorded name), e.g.
         ``model.predict(**processor(images=images, return_tensors="pt"))``."""
         if self.spec.modality == "lm":
-            raise ValueError("predict() names classes; a causal-LM adapter predicts tokens (use the logits or generate)")
+            raise ValueError(
+                "predict() names classes; a causal-LM adapter predicts tokens (use the logits or generate)")
         was_training = self.training
         self.eval()
         try:
@@ -342,7 +343,8 @@ class CLModel(nn.Module):
         atomic_write_text(directory / CONFIG_NAME, self.config.to_json_string())
         if push:
             hub_keys = ("token", "private", "commit_message", "revision", "create_pr", "timeout")
-            self.push_to_hub(kwargs.pop("repo_id", directory.resolve().name), **{k: kwargs[k] for k in hub_keys if k in kwargs})
+            self.push_to_hub(kwargs.pop("repo_id", directory.resolve().name),
+                             **{k: kwargs[k] for k in hub_keys if k in kwargs})
 
     def _save_peft_config(self, peft_config: Any, directory: Path) -> None:
         """PEFT's ``adapter_config.json``, written by PEFT itself (then moved into place), naming the
@@ -506,7 +508,8 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, st
 
 
 def load_config(directory: str | os.PathLike, source: str | os.PathLike | None = None) -> CLConfig:
-    """The adapter's config from a local directory, in any layout (see :func:`hf_clroute.hub.io.adapter_config_file`)."""
+    """The adapter's config from a local directory, in any layout
+    (see :func:`hf_clroute.hub.io.adapter_config_file`)."""
     return CLConfig.from_dict(read_json(adapter_config_file(directory, source)))
 
 
@@ -523,8 +526,8 @@ def read_adapter_dir(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str
         peft_tensors, _ = _read_safetensors(directory / PEFT_WEIGHTS_NAME)
         ours = {peft: key for key, peft in json.loads(metadata[_PEFT_KEYS_KEY]).items()}
         if set(peft_tensors) != set(ours):
-            raise ValueError(f"corrupted adapter checkpoint {directory}: {PEFT_WEIGHTS_NAME} holds {sorted(peft_tensors)[:5]}, "
-                             f"{WEIGHTS_NAME} names {sorted(ours)[:5]}")
+            raise ValueError(f"corrupted adapter checkpoint {directory}: {PEFT_WEIGHTS_NAME} holds "
+                             f"{sorted(peft_tensors)[:5]}, {WEIGHTS_NAME} names {sorted(ours)[:5]}")
         tensors.update({ours[name]: tensor for name, tensor in peft_tensors.items()})
     expected = metadata.get(_CHECKSUM_KEY)
     if expected is None:

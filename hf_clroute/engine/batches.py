@@ -59,10 +59,9 @@ class OrderedStream(torch.utils.data.IterableDataset):
     ``columns=True`` yields each batch as a dict of column slices (for a DataLoader with
     ``batch_size=None`` and a collator that takes columns); else its rows, one dict each
     (for a DataLoader with ``batch_size``). Chunked reads cost less per example than reading
-    row by row: ~30% less for PNG images, ~5x less for arrays in numpy format. A chunk holds
-    whole batches, at most ``chunk_size`` rows and, for fixed-size array columns, about
-    ``chunk_bytes``: 256 decoded 224x224 RGB images are a 38 MB read, and allocations that
-    large are mapped and faulted in afresh each time (reads ran 1.5-5x slower, and erratically).
+    row by row. A chunk holds whole batches, at most ``chunk_size`` rows and, for fixed-size
+    array columns, about ``chunk_bytes``: 256 decoded 224x224 RGB images are a 38 MB read, and
+    allocations that large are mapped and faulted in afresh each time (slower, erratic reads).
     """
 
     def __init__(self, data: datasets.IterableDataset, batch_size: int, chunk_size: int = 256,

@@ -1,36 +1,32 @@
 """Checkpoints a stopped run resumes from, ending with the same accuracy matrix.
 
-``<dir>/ckpt-<step>/`` holds Accelerate's ``save_state`` (optimizer, RNG), the
-adapter and a small JSON of loop state; ``<dir>/latest`` names the newest.
-
-No kill at any moment loses the last complete checkpoint:
+``<dir>/ckpt-<step>/`` holds Accelerate's ``save_state`` (optimizer, RNG), the adapter and a small JSON
+of loop state; ``<dir>/latest`` names the newest. No kill at any moment loses the last complete checkpoint:
 
 * a checkpoint is written under a temporary name and renamed into place whole,
   so a ``ckpt-*`` directory is always complete;
 * a checkpoint never replaces one of the same name: a second one at the same step
   (the task-end checkpoint after a ``checkpoint_every`` one) gets the next free
-  name (``ckpt-<step>.1``...); ``latest`` moves to it, and only then is the old one
-  removed;
+  name (``ckpt-<step>.1``...); ``latest`` moves to it, and only then is the old one removed;
 * a checkpoint is removed by renaming it out of the ``ckpt-*`` names first, so a
   half-deleted directory never looks like a checkpoint.
 
-``find_checkpoint`` on a root whose ``latest`` names nothing complete (a run killed
-by an older version of this code, a directory removed by hand) resumes from the
-newest complete checkpoint and says which.
+``find_checkpoint`` on a root whose ``latest`` names nothing complete (a run killed by an older
+version of this code, a directory removed by hand) resumes from the newest complete checkpoint
+and says which.
 
-A commit is durable: every file of the new checkpoint and its directory are fsynced
-before the rename, and the root directory after it and after ``latest`` moves, so a
-power cut cannot leave ``latest`` naming a directory whose files never reached the disk.
+A commit is durable: every file of the new checkpoint and its directory are fsynced before the
+rename, and the root directory after it and after ``latest`` moves, so a power cut cannot leave
+``latest`` naming a directory whose files never reached the disk.
 
-Every process writes its own RNG state into the checkpoint directory the main process
-then commits, so the checkpoint directory must be one filesystem every machine shares
-(NFS, Lustre, a cloud filesystem): on a multi-node run without one, a rank's state would
-land on its own disk, and ``save_checkpoint`` refuses to commit a checkpoint missing a rank.
+Every process writes its own RNG state into the checkpoint directory the main process then commits,
+so the checkpoint directory must be one filesystem every machine shares (NFS, Lustre, a cloud
+filesystem): on a multi-node run without one, a rank's state would land on its own disk, and
+``save_checkpoint`` refuses to commit a checkpoint missing a rank.
 
-A resumed run must be the run that wrote the checkpoint: :func:`check_resume` compares the
-suite and the settings recorded in it (``run_fingerprint``) before anything is loaded or
-written, and refuses a changed one with a :class:`~hf_clroute.errors.ResumeError` naming
-the field.
+A resumed run must be the run that wrote the checkpoint: :func:`check_resume` compares the suite and
+the settings recorded in it (``run_fingerprint``) before anything is loaded or written, and refuses a
+changed one with a :class:`~hf_clroute.errors.ResumeError` naming the field.
 """
 
 from __future__ import annotations

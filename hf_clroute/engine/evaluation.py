@@ -120,7 +120,8 @@ def evaluate_experience(
 
 
 @torch.no_grad()
-def feature_batches(model: CLModel, loader: Any, precision: Choice | str | None = None) -> list[dict[str, torch.Tensor]]:
+def feature_batches(model: CLModel, loader: Any,
+                    precision: Choice | str | None = None) -> list[dict[str, torch.Tensor]]:
     """``loader``'s batches with their inputs replaced by the model's pooled backbone features
     (``model.extract_features``, in eval mode, under the ``features`` phase's autocast, kept as float32):
     for a model that :meth:`~CLModel.reads_frozen_features`, scoring these gives the scores of the
@@ -229,5 +230,6 @@ def test_loader(experience: Experience, collator, batch_size: int, accelerator: 
         pin = loader_options.get("pin_memory", False)
         loader = DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=_collated, pin_memory=pin)
     else:
-        loader = DataLoader(experience.test, batch_size=batch_size, shuffle=False, collate_fn=collator, **loader_options)
+        loader = DataLoader(experience.test, batch_size=batch_size, shuffle=False, collate_fn=collator,
+                            **loader_options)
     return accelerator.prepare_data_loader(loader)

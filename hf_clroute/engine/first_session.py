@@ -1,37 +1,32 @@
 """The adaptation phase before the stream, and statistics read again when an adapter freezes.
 
 :func:`prepare_adaptation` runs first-session adaptation (``CLConfig.adaptation``, see
-:mod:`hf_clroute.core.first_session_config`) inside ``ContinualTrainer.fit``, after the untrained accuracy
-b_j is measured (b_j is the model before any training, and the adaptation trains on the
-first task's data) and before task 0:
+:mod:`hf_clroute.core.first_session_config`) inside ``ContinualTrainer.fit``, after the untrained accuracy b_j
+is measured (b_j is the model before any training; the adaptation trains on the first task) and before task 0:
 
-1. ``adaptation_split``: ``per_class`` training examples of each first-task class, drawn by
-   the run seed, are carved out of experience 0's training data; the stream trains on the
-   rest. Validation and test are separate splits already, so the adaptation data are
-   disjoint from stream, validation and test. The carve is made here rather than when the
-   stream is built, so any suite and any stream can use it with the method's setting alone.
-2. The method's adapter (every trainable parameter outside the head) trains with a
-   temporary linear head over the first task's classes, ``epochs`` passes with Accelerate
-   (the model and optimiser prepared; one model call and ``accelerator.backward`` per
-   step). The method's statistics head is swapped out for the phase and comes back empty.
-   A method whose training needs its own per-step state (MaRS: slot keys seeded from the
-   first queries, the DCDA stage schedule, SGSE) sets ``hooks_during_adaptation``: the phase
-   then calls its ``begin_task`` / ``after_step`` / ``on_task_end`` as for one task trained
-   with the temporary head (the model's own hooks, label records and statistics head, are
-   not called). Other methods get no hook, so their bookkeeping never counts the phase.
+1. ``adaptation_split``: ``per_class`` training examples of each first-task class, drawn by the run seed,
+   are carved out of experience 0's training data; the stream trains on the rest. Validation and test are
+   separate splits already, so the adaptation data are disjoint from stream, validation and test. The carve
+   is made here rather than when the stream is built, so any suite and any stream can use it with the
+   method's setting alone.
+2. The method's adapter (every trainable parameter outside the head) trains with a temporary linear head
+   over the first task's classes, ``epochs`` passes with Accelerate (the model and optimiser prepared; one
+   model call and ``accelerator.backward`` per step). The method's statistics head is swapped out for the
+   phase and comes back empty. A method whose training needs its own per-step state (MaRS: slot keys
+   seeded from the first queries, the DCDA stage schedule, SGSE) sets ``hooks_during_adaptation``: the
+   phase then calls its ``begin_task`` / ``after_step`` / ``on_task_end`` as for one task trained with the
+   temporary head (the model's own hooks, label records and statistics head, are not called). Other
+   methods get no hook, so their bookkeeping never counts the phase.
 3. The adapter is frozen (``requires_grad`` False: no optimiser is built for it again and the
-   statistics-only stream runs under ``no_grad``), and ``config.adaptation_record`` says what
-   data it saw. The record is saved with the adapter: a reloaded or resumed model is frozen
-   again here and never adapted twice.
+   statistics-only stream runs under ``no_grad``), and ``config.adaptation_record`` says what data it saw.
+   The record is saved with the adapter: a reloaded or resumed model is frozen again here and never
+   adapted twice. The stream then runs with nothing to train: the statistics head accumulates every
+   task from step 0, in eval mode.
 
-The stream then runs with nothing to train: the statistics head accumulates every task
-from step 0, in eval mode.
-
-:func:`reaccumulate_statistics` handles the other way an adapter stops training: a method
-that trains its adapter through a statistics head for a few tasks and then freezes it (RwF's
-``train_routers_for_tasks``). At the task end where nothing is left to train, the head's
-statistics (mixed from many adapter states) are reset and the seen tasks' training streams
-are read again once, in eval mode, under the frozen adapter.
+:func:`reaccumulate_statistics` handles the other way an adapter stops training: a method that trains its
+adapter through a statistics head for a few tasks and then freezes it (RwF's ``train_routers_for_tasks``).
+At the task end where nothing is left to train, the head's statistics (mixed from many adapter states) are
+reset and the seen tasks' training streams are read again once, in eval mode, under the frozen adapter.
 """
 
 from __future__ import annotations
@@ -43,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from hf_clroute.core.method import StepContext
 from hf_clroute.core.outputs import model_inputs
 from hf_clroute.data.experiences import Experience
 from hf_clroute.data.labeled import column_array
@@ -50,7 +46,6 @@ from hf_clroute.engine.batches import training_loader
 from hf_clroute.engine.numerics import check_finite_state, check_step
 from hf_clroute.engine.prepared import release_prepared
 from hf_clroute.heads import IncrementalClassifier, StatisticsHead
-from hf_clroute.methods.base import StepContext
 from hf_clroute.runtime.progress import progress_bar
 
 if TYPE_CHECKING:  # pragma: no cover

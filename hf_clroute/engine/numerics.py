@@ -57,7 +57,8 @@ def check_step(loss: torch.Tensor, grad_norm: Any, optimizer: torch.optim.Optimi
         raise NonFiniteTrainingError(f"{where}: the {name} is {value.item()}; {ADVICE}.")
     for i, group in enumerate(optimizer.param_groups):
         if not math.isfinite(group["lr"]):
-            raise NonFiniteTrainingError(f"{where}: the learning rate of parameter group {i} is {group['lr']}; {ADVICE}.")
+            raise NonFiniteTrainingError(
+                f"{where}: the learning rate of parameter group {i} is {group['lr']}; {ADVICE}.")
 
 
 def check_finite_state(model: torch.nn.Module, where: str) -> None:

@@ -24,7 +24,7 @@ def optimizer_to_step(accelerator: Accelerator, optimizer: Any) -> Any:
     ``AcceleratedOptimizer`` adds a gradient-accumulation check, the fp16 loss scaler, XLA's
     gradient reduction and LOMO's no-op step around the torch optimizer. With none of them in play
     it forwards the call, after two package look-ups (``importlib`` ``find_spec``) and a signature
-    inspection per step: about 5% of a small model's step on a CPU. The same torch ``step()`` runs
+    inspection per step, a visible share of a small model's step on a CPU. The same torch ``step()`` runs
     either way, so the numbers are the same; subclasses (DeepSpeed, Megatron) keep the wrapper.
     """
     plain = (type(optimizer) is AcceleratedOptimizer and optimizer.scaler is None
@@ -52,7 +52,7 @@ def release_prepared(accelerator: Accelerator, optimizer: Any = None) -> None:
     """Drop the accelerator's references to a finished task's prepared model, optimizer and loader.
 
     What ``Accelerator.free_memory()`` does between tasks, without its full
-    ``gc.collect()`` (0.1-0.2 s at every task end with a few hundred thousand live
+    ``gc.collect()`` (slow at every task end with a few hundred thousand live
     objects). Accelerate's wrappers sit in reference cycles, so they go at the next
     automatic collection; the optimizer's moment tensors, the memory that counts, are
     released here at once. On CUDA with less than a quarter of the device memory free,

@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 
 from hf_clroute.core.config import CLConfig
 from hf_clroute.core.labels import align_stream, copy_labels
+from hf_clroute.core.method import StepContext
 from hf_clroute.core.model import CLModel
 from hf_clroute.core.outputs import CLModelOutput, model_inputs
 from hf_clroute.data.experiences import Experience
@@ -61,7 +62,6 @@ from hf_clroute.engine.numerics import (
 )
 from hf_clroute.engine.prepared import grad_clipper, optimizer_to_step, release_prepared
 from hf_clroute.engine.training_config import TrainingConfig
-from hf_clroute.methods.base import StepContext
 from hf_clroute.runtime.progress import bars_enabled, log_line, progress_bar, task_line
 from hf_clroute.runtime.threads import apply_default_threads
 
@@ -145,7 +145,8 @@ class ContinualTrainer:
     ) -> None:
         method = model.method
         if config.mode not in method.supported_modes:
-            raise ValueError(f"method {model.config.method!r} supports {method.supported_modes} training, not {config.mode}")
+            raise ValueError(f"method {model.config.method!r} supports {method.supported_modes} training, "
+                             f"not {config.mode}")
         if not stream:
             raise ValueError("the stream has no experiences")
         # An adapter that already knows classes (loaded to continue training) reads the stream by
@@ -176,7 +177,8 @@ class ContinualTrainer:
         set_seed(cfg.seed)
         self.model.to(accelerator.device)
         if cfg.log_with:
-            accelerator.init_trackers("hf_clroute", config={"training": asdict(cfg), "method": self.model.config.to_dict()})
+            accelerator.init_trackers(
+                "hf_clroute", config={"training": asdict(cfg), "method": self.model.config.to_dict()})
         start_task = self._resume(resume_from) if resume_from else 0
         self.result.records["precision"] = {phase: choice.to_dict() for phase, choice in self.precision.items()}
         self.result.records["threads"] = dict(self.threads)
@@ -296,7 +298,9 @@ class ContinualTrainer:
                 bar.set_postfix(loss=f"{loss:.3f}")
                 if cfg.log_with:
                     accelerator.log({"train/loss": loss}, step=step)
-            if (self._step_in_task in eval_steps) if cfg.evals_per_task else (cfg.eval_every and step % cfg.eval_every == 0):
+            due = (self._step_in_task in eval_steps) if cfg.evals_per_task else (
+                cfg.eval_every and step % cfg.eval_every == 0)
+            if due:
                 self._anytime_eval(task_id)
             if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
                 self._checkpoint(task_id)
@@ -312,7 +316,8 @@ class ContinualTrainer:
             seen = self.result.accuracy_matrix[-1][: task_id + 1]
             self.result.anytime.append([self.result.global_step, sum(seen) / len(seen)])
         if cfg.log_with:
-            accelerator.log({f"eval/R_{task_id}_{j}": v for j, v in enumerate(self.result.accuracy_matrix[-1])}, step=self.result.global_step)
+            last_row = self.result.accuracy_matrix[-1]
+            accelerator.log({f"eval/R_{task_id}_{j}": v for j, v in enumerate(last_row)}, step=self.result.global_step)
         for callback in self.callbacks:
             callback.on_task_end(self, task_id)
         if log_task:
@@ -344,8 +349,9 @@ class ContinualTrainer:
         loss = out.loss.float()
         self.accelerator.backward(loss)
         norm = self._clip(trainable, self.config.max_grad_norm) if self.config.max_grad_norm else None
-        check_step(loss, norm, optimizer, f"training stopped at task {self._task_id} step {self._step_in_task + 1} "
-                                          f"(global step {self.result.global_step + 1}, method {self.model.config.method!r})")
+        check_step(loss, norm, optimizer,
+                   f"training stopped at task {self._task_id} step {self._step_in_task + 1} "
+                   f"(global step {self.result.global_step + 1}, method {self.model.config.method!r})")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         return out
@@ -503,4 +509,5 @@ class ContinualTrainer:
                         f"{stored[key].get(field_name)!r} there but {value.get(field_name)!r} in this run"
                     )
             elif stored[key] != value:
-                raise ValueError(f"checkpoint {path} is from another run: {key} is {stored[key]!r} there but {value!r} in this run")
+                raise ValueError(f"checkpoint {path} is from another run: {key} is {stored[key]!r} there but "
+                                 f"{value!r} in this run")

@@ -24,7 +24,9 @@ class TrainingConfig:
     batch_size: int = field(default=10, metadata={"help": "Global training batch (split across processes)."})
     eval_batch_size: int = field(default=256, metadata={"help": "Global evaluation batch."})
     epochs: int = field(default=1, metadata={"help": "Passes over each task: 1 = online, more = offline."})
-    eval_every: int = field(default=0, metadata={"help": "Evaluate seen tasks every N steps (anytime accuracy); 0 = off."})
+    eval_every: int = field(
+        default=0, metadata={"help": "Evaluate seen tasks every N steps (anytime accuracy); 0 = off."}
+    )
     evals_per_task: int = field(
         default=0,
         metadata={"help": "Anytime evaluations per task, spread evenly over its steps, the last one at the task's "
@@ -40,10 +42,9 @@ class TrainingConfig:
     )
     fused_optimizer: bool | None = field(
         default=None,
-        metadata={"help": "Torch's fused optimizer step (one kernel over all parameters: 5-7x faster than the "
-                          "per-parameter loop for MiniLM's 23M parameters on a CPU; its AdamW differs from the "
-                          "loop in the last bit); None = on when training runs in bf16, so fp32 runs keep "
-                          "the loop's numbers bit for bit."},
+        metadata={"help": "Torch's fused optimizer step (one kernel over all parameters instead of the "
+                          "per-parameter loop; its AdamW differs from the loop in the last bit); None = on when "
+                          "training runs in bf16, so fp32 runs keep the loop's numbers bit for bit."},
     )
     seed: int = field(default=0, metadata={"help": "Seed for weights, dropout and head growth."})
     checkpoint_dir: str | None = field(default=None, metadata={"help": "Where checkpoints go; None = no checkpoints."})
@@ -52,7 +53,8 @@ class TrainingConfig:
         default=2, metadata={"help": "Keep only the newest N checkpoints (0 = keep all)."}
     )
     stop_after_steps: int = field(
-        default=0, metadata={"help": "Stop (resumably) after this many global steps, for time-limited jobs; 0 = run all."}
+        default=0,
+        metadata={"help": "Stop (resumably) after this many global steps, for time-limited jobs; 0 = run all."},
     )
     log_with: str | None = field(default=None, metadata={"help": "Accelerate tracker name (e.g. 'tensorboard')."})
     progress: bool = field(default=True, metadata={"help": "Show progress bars on the main process."})
@@ -90,7 +92,8 @@ class TrainingConfig:
         for name in ("learning_rate", "batch_size", "eval_batch_size", "epochs"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"TrainingConfig.{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("eval_every", "evals_per_task", "checkpoint_every", "keep_checkpoints", "stop_after_steps", "weight_decay", "max_grad_norm"):
+        for name in ("eval_every", "evals_per_task", "checkpoint_every", "keep_checkpoints", "stop_after_steps",
+                     "weight_decay", "max_grad_norm"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainingConfig.{name} must be >= 0, got {getattr(self, name)!r}")
         if self.optimizer not in ("adamw", "sgd"):
@@ -98,11 +101,14 @@ class TrainingConfig:
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ValueError("TrainingConfig.checkpoint_every needs TrainingConfig.checkpoint_dir")
         if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or self.num_workers < -1:
-            raise ValueError(f"TrainingConfig.num_workers must be an integer >= 0, or -1 (auto), got {self.num_workers!r}")
-        if isinstance(self.prefetch_factor, bool) or not isinstance(self.prefetch_factor, int) or self.prefetch_factor < 1:
+            raise ValueError(
+                f"TrainingConfig.num_workers must be an integer >= 0, or -1 (auto), got {self.num_workers!r}")
+        prefetch = self.prefetch_factor
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 1:
             raise ValueError(f"TrainingConfig.prefetch_factor must be an integer >= 1, got {self.prefetch_factor!r}")
         if self.fused_optimizer not in (None, True, False):
-            raise UserInputError(f"TrainingConfig.fused_optimizer must be true, false or null (auto), got {self.fused_optimizer!r}")
+            raise UserInputError("TrainingConfig.fused_optimizer must be true, false or null (auto), "
+                                 f"got {self.fused_optimizer!r}")
         if self.pin_memory not in (None, True, False):
             raise ValueError(f"TrainingConfig.pin_memory must be true, false or null (auto), got {self.pin_memory!r}")
         for name in ("eval_cache_examples", "eval_cache_mb"):

@@ -46,11 +46,11 @@ class RandomProjectionRidgeHead(StatisticsHead):
     with no validation split. ``solved_lambda`` is the lambda the last solve used.
 
     GCV early in a stream: chosen on the statistics of a handful of classes, GCV's lambda can leave
-    the readout far below a tuned one on them (seen on a stream of 2-class tasks: about half the
-    tuned lambda's accuracy on the first tasks, while the final accuracy matched). Until ``gcv_min_classes`` classes have examples,
-    ``"gcv"`` solves with the relative lambda ``ridge_lambda * trace(G) / M`` instead (set
-    ``ridge_lambda`` to the relative lambda ``hf-clroute tune`` picked for the ``"relative"`` head);
-    ``solved_by`` says which rule the last solve used.
+    the readout far below a tuned one on them (seen on the first tasks of a stream of 2-class tasks,
+    while the final accuracy matched). Until ``gcv_min_classes`` classes have examples, ``"gcv"``
+    solves with the relative lambda ``ridge_lambda * trace(G) / M`` instead (set ``ridge_lambda`` to
+    the relative lambda ``hf-clroute tune`` picked for the ``"relative"`` head); ``solved_by`` says
+    which rule the last solve used.
     """
 
     kind = "ranpac"

@@ -159,7 +159,8 @@ def describe_hub_error(err: BaseException, what: str, endpoint: str, revision: s
     if any(isinstance(e, hub_errors.RepositoryNotFoundError) for e in chain):
         return f"{what} not found on {endpoint}"
     if any(isinstance(e, json.JSONDecodeError) for e in chain):
-        return f"the Hub at {endpoint} answered ({what}) with something that is not JSON: {_first_line(found['JSONDecodeError'])}"
+        return (f"the Hub at {endpoint} answered ({what}) with something that is not JSON: "
+                f"{_first_line(found['JSONDecodeError'])}")
     if any(isinstance(e, TimeoutError) or "Timeout" in type(e).__name__ for e in chain):
         return f"the Hub at {endpoint} did not answer in time ({what}): {_first_line(err)}"
     if any("ConnectError" in type(e).__name__ or isinstance(e, ConnectionError) for e in chain):
@@ -203,7 +204,8 @@ def adapter_config_file(directory: str | os.PathLike, source: str | os.PathLike 
     if ours.is_file():
         return ours
     if not theirs.is_file():
-        raise FileNotFoundError(f"no {CONFIG_NAME} (nor an older {PEFT_CONFIG_NAME}) in {source}: not an hf_clroute adapter")
+        raise FileNotFoundError(
+            f"no {CONFIG_NAME} (nor an older {PEFT_CONFIG_NAME}) in {source}: not an hf_clroute adapter")
     peft_type = read_json(theirs).get("peft_type")
     if peft_type:
         raise UserInputError(f"{source} holds a PEFT {peft_type} adapter without hf_clroute's {CONFIG_NAME}; "
@@ -314,5 +316,6 @@ def push_adapter(model: Any, repo_id: str, *, extra_dir: str | os.PathLike | Non
         model.save_pretrained(Path(tmp))
         if card is not None and not (Path(tmp) / "README.md").exists():
             atomic_write_text(Path(tmp) / "README.md", card)
-        what = f"{extra_dir} with this {model.config.method} adapter" if extra_dir else f"this {model.config.method} adapter"
+        what = f"this {model.config.method} adapter"
+        what = f"{extra_dir} with {what}" if extra_dir else what
         return push_folder(tmp, repo_id, what=kwargs.pop("what", what), **kwargs)

@@ -1,4 +1,4 @@
-"""Continual-learning metrics (SPEC 4): pure functions, seed aggregation and an offline ``evaluate`` module."""
+"""Continual-learning metrics: pure functions, seed aggregation and an offline ``evaluate`` module."""
 
 from __future__ import annotations
 

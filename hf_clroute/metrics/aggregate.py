@@ -1,4 +1,4 @@
-"""Mean ± std across seeds (SPEC 4: "report every figure as mean ± std over seeds")."""
+"""Mean ± std across seeds: every reported figure is a mean ± std over seeds."""
 
 from __future__ import annotations
 
@@ -47,16 +47,30 @@ def aggregate_runs(runs: Iterable[Mapping[str, float | None]]) -> dict[str, dict
 
 
 def format_mean_std(stat: Mapping[str, float] | None, n: int | None = None, scale: float = 100.0,
-                    digits: int = 1, missing: str = "—") -> str:
+                    digits: int = 1, missing: str = "—", mark_one_seed: bool = True) -> str:
     """``stat`` (a :func:`mean_std` dict) as "mean ± std", scaled (100: a fraction as %).
 
     ``n`` is how many seeds it aggregates, where the caller knows: one seed has no spread, so it
-    reads "mean (one seed)" rather than "± 0.0". ``missing`` stands for an undefined figure.
+    reads "mean (one seed)" rather than "± 0.0", or the bare "mean" with ``mark_one_seed=False``, for
+    a table whose caption says it once (:func:`seeds_caption`). ``missing`` stands for an undefined figure.
     """
     if not stat:
         return missing
     mean = f"{stat['mean'] * scale:.{digits}f}"
-    return f"{mean} (one seed)" if n == 1 else f"{mean} ± {stat['std'] * scale:.{digits}f}"
+    if n == 1:
+        return f"{mean} (one seed)" if mark_one_seed else mean
+    return f"{mean} ± {stat['std'] * scale:.{digits}f}"
+
+
+def one_seed_only(seed_counts: Iterable[int | None]) -> bool:
+    """Whether every row of a table aggregates exactly one seed (rows of unknown count: not one seed)."""
+    counts = list(seed_counts)
+    return bool(counts) and all(n == 1 for n in counts)
+
+
+def seeds_caption(one_seed: bool) -> str:
+    """How a table's figures read, said once in its caption: one seed's values, or mean ± std over seeds."""
+    return "one seed: each figure is that seed's value (no spread)" if one_seed else "mean ± std over seeds"
 
 
 #: a paired verdict needs at least this many seeds; below it the verdict says "too few seeds".
@@ -68,10 +82,11 @@ def paired_difference(a: Mapping[int, float], b: Mapping[int, float], alpha: flo
     """Per-seed paired comparison of ``a`` and ``b`` (``{seed: value}``, e.g. A_T of a method and its control).
 
     Both runs of a seed share its stream, so the difference is taken seed by seed over the seeds both
-    have: ``mean`` and ``std`` (sample) of ``a - b``, ``wins`` (seeds where ``a > b``; equal up to float rounding is no win) of ``n``, the paired
-    t statistic ``t = mean / (std / sqrt(n))`` and its two-sided ``p`` (Student t, n - 1 degrees of
-    freedom), and ``verdict``: "better" / "worse" when ``p < alpha`` with at least ``min_seeds`` seeds,
-    "tie" otherwise, "too few seeds" below ``min_seeds``. None when no seed is shared.
+    have: ``mean`` and ``std`` (sample) of ``a - b``, ``wins`` (seeds where ``a > b``; equal up to float
+    rounding is no win) of ``n``, the paired t statistic ``t = mean / (std / sqrt(n))`` and its two-sided
+    ``p`` (Student t, n - 1 degrees of freedom), and ``verdict``: "better" / "worse" when ``p < alpha``
+    with at least ``min_seeds`` seeds, "tie" otherwise, "too few seeds" below ``min_seeds``. None when no
+    seed is shared.
     """
     seeds = sorted(set(a) & set(b))
     if not seeds:

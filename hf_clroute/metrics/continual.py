@@ -1,11 +1,11 @@
-"""Continual-learning metrics over an accuracy matrix (SPEC section 4).
+"""Continual-learning metrics over an accuracy matrix.
 
 All functions are pure and take array-likes; nothing is mutated.
 
 Conventions
 -----------
 * ``R`` is a ``T x T`` accuracy matrix, 0-based: ``R[t][j]`` is the accuracy
-  on task ``j``'s test split after training on task ``t``. The SPEC writes the
+  on task ``j``'s test split after training on task ``t``. The papers write the
   same definitions 1-based (``R[T][j]`` is the last row); here the last row is
   ``R[T-1]``.
 * Accuracies are **fractions in [0, 1]**, not percentages. Every entry of
@@ -85,12 +85,12 @@ def _perplexity_matrix(P: ArrayLike) -> np.ndarray:
 
 # ------------------------------------------------------------------ accuracy metrics
 def final_average_accuracy(R: ArrayLike) -> float:
-    """A_T = mean over j of R[T-1][j] (SPEC 4: "final average accuracy")."""
+    """A_T = mean over j of R[T-1][j], the final average accuracy."""
     return float(_accuracy_matrix(R)[-1].mean())
 
 
 def average_incremental_accuracy(R: ArrayLike) -> float:
-    """Ā = mean over t of (mean over j <= t of R[t][j]) (SPEC 4, Rebuffi et al. 2017).
+    """Ā = mean over t of (mean over j <= t of R[t][j]) (Rebuffi et al. 2017).
 
     Only the tasks seen so far (the lower triangle, diagonal included) count.
     """
@@ -101,15 +101,15 @@ def average_incremental_accuracy(R: ArrayLike) -> float:
 def forgetting(R: ArrayLike, *, include_before_learned: bool = False) -> float:
     """F_T = mean over j < T-1 of (max over l of R[l][j]) - R[T-1][j].
 
-    Chaudhry et al. 2018 (RWalk), as written in SPEC 4 ("max over l<T", 1-based,
-    i.e. rows ``0 .. T-2`` here). Which rows ``l`` enter the max:
+    Chaudhry et al. 2018 (RWalk): "max over l<T", 1-based, i.e. rows ``0 .. T-2``
+    here. Which rows ``l`` enter the max:
 
     * default (``include_before_learned=False``): ``l in {j, ..., T-2}`` -- only
       the rows after task ``j`` has been learned. Rows ``l < j`` measure the
       model *before* it saw task ``j`` (forward transfer / chance level); an
       accuracy there is not knowledge that can be forgotten.
     * ``include_before_learned=True``: ``l in {0, ..., T-2}`` -- the literal text
-      of the SPEC and of Chaudhry et al. (``max over l in {1..k-1}``).
+      of Chaudhry et al. (``max over l in {1..k-1}``).
 
     The two agree whenever no pre-training accuracy ``R[l][j]`` (``l < j``)
     exceeds every ``R[l'][j]`` with ``j <= l' <= T-2`` -- always in
@@ -127,7 +127,7 @@ def forgetting(R: ArrayLike, *, include_before_learned: bool = False) -> float:
 
 
 def backward_transfer(R: ArrayLike) -> float:
-    """BWT = mean over j < T-1 of R[T-1][j] - R[j][j] (Lopez-Paz & Ranzato 2017; SPEC 4).
+    """BWT = mean over j < T-1 of R[T-1][j] - R[j][j] (Lopez-Paz & Ranzato 2017).
 
     Negative values mean forgetting. Returns 0.0 for T = 1.
     """
@@ -139,10 +139,10 @@ def backward_transfer(R: ArrayLike) -> float:
 
 
 def forward_transfer(R: ArrayLike, b: ArrayLike) -> float:
-    """FWT = mean over j >= 1 of R[j-1][j] - b[j] (Lopez-Paz & Ranzato 2017; SPEC 4).
+    """FWT = mean over j >= 1 of R[j-1][j] - b[j] (Lopez-Paz & Ranzato 2017).
 
     ``b[j]`` is the accuracy of the untrained model on task ``j`` (length T;
-    ``b[0]`` is required for shape but unused). SPEC's "j >= 2" is 1-based.
+    ``b[0]`` is required for shape but unused). The paper's "j >= 2" is 1-based.
     Returns 0.0 for T = 1.
     """
     arr = _accuracy_matrix(R)
@@ -153,7 +153,7 @@ def forward_transfer(R: ArrayLike, b: ArrayLike) -> float:
 
 
 def anytime_accuracy(evals: Sequence[float] | np.ndarray) -> float:
-    """A_AUC = mean of the periodic evaluations during the stream (Koh et al. 2022; SPEC 4).
+    """A_AUC = mean of the periodic evaluations during the stream (Koh et al. 2022).
 
     Each entry of ``evals`` is one evaluation every N steps, itself already the
     average accuracy over the tasks seen so far (a fraction in [0, 1]).
@@ -193,7 +193,7 @@ def summarize(
 
 # ------------------------------------------------------------- language models
 def retention(P: ArrayLike, domain: int, after: int) -> float:
-    """Perplexity retention of ``domain`` after training on ``after`` (SPEC 4).
+    """Perplexity retention of ``domain`` after training on ``after``.
 
     ``P[t][d]`` is the perplexity on domain ``d`` after training on domain
     ``t``. retention = P[after][domain] / P[domain][domain]; e.g. domain 0 after

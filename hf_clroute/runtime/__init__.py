@@ -1,0 +1,1 @@
+"""Process-wide settings: progress output and thread counts."""

@@ -2,8 +2,8 @@
 
 Torch's default is one thread per core of the machine, whatever else runs on it. Its
 parallel regions end in a barrier, so when another job holds one of those cores every step
-waits for the descheduled thread: on a 2-core machine shared with other jobs, fine-tuning ran
-at 21 samples/s with torch's 2 threads and at 217 with one (results/speed/README.md).
+waits for the descheduled thread, which on a small machine shared with other jobs can cost most
+of the speed (results/speed/README.md has the measurement).
 
 The default here (:func:`default_threads`) is the cores this process may run on
 (``os.sched_getaffinity``) divided among the processes of this machine (Accelerate's and

@@ -5,36 +5,15 @@ Why it exists: these machines reach no website, yet the product's stories end in
 test our assumptions about it, not the client; this server lets the *real* client
 (huggingface_hub 2.4, plain-HTTP/LFS path) talk HTTP to something that keeps real
 commits on disk. Only the endpoints that client uses for create/upload/download are
-implemented (see SPEC.md section 7); every other route fails loudly (HTTP 501, a JSON
-body naming the method and path, a line on stderr, and an entry in
-``HubServer.unrouted``) so a client upgrade that needs a new endpoint shows up in tests
-instead of being silently mis-served.
+implemented; every other route fails loudly (HTTP 501, a JSON body naming the method and
+path, a line on stderr, and an entry in ``HubServer.unrouted``) so a client upgrade that
+needs a new endpoint shows up in tests instead of being silently mis-served.
 
 Storage (layout and commit model) lives in ``hub_store``; the HTTP plumbing (request
 parsing, response writing) in ``hub_http``. This module holds the routes, the Hub
 handlers and the ``python -m`` entry point.
 
-Behaviour choices that mirror the Hub (and why):
-
-* ``preupload`` answers ``"lfs"`` for files >= ``lfs_threshold`` bytes (1 MB), for
-  binary suffixes such as ``.safetensors`` and for samples holding NUL bytes, so both
-  upload paths (inline base64 and LFS batch + PUT) are exercised by tests.
-* A repo created without an organization lands in the user's namespace (``tester``),
-  because ``create_repo`` parses the returned URL and needs ``namespace/name``.
-* Writes (create/delete repo, preupload, LFS batch, commit) and ``whoami-v2`` need an
-  ``Authorization: Bearer <anything>`` header, else 401. The token value is never
-  logged or stored. The LFS ``PUT`` URL is "signed" with a per-server secret instead,
-  like an S3 pre-signed URL, because the client sends no auth header there.
-* ``ETag`` on ``/resolve`` is the quoted git-sha1 (regular) or sha256 (LFS; also sent as
-  ``X-Linked-Etag``/``X-Linked-Size``); files are served directly (no CDN redirect).
-* Errors carry ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``,
-  ``EntryNotFound``) and ``X-Error-Message`` headers, which is what
-  ``huggingface_hub.utils.hf_raise_for_status`` maps to its exception classes.
-* Branches (``create_branch``) and pull requests (a commit with ``create_pr=1`` goes to a new
-  ``refs/pr/<n>``) are kept like any ref; discussions themselves are not implemented.
-* ``with server.faulty("garbage")`` answers every request with 200 and an HTML body (not JSON),
-  ``with server.faulty("hang")`` accepts every request and never answers, so tests can check
-  that the client's errors and timeouts name the server.
+The behaviour choices that mirror the Hub, and why, are listed on :class:`HubServer`.
 
 Run by hand::
 
@@ -107,6 +86,28 @@ class HubServer:
 
     ``stop()`` keeps ``root`` and the port, so ``start()`` again brings the same Hub
     back at the same ``url`` (used to test pushes while the Hub is down).
+
+    Behaviour choices that mirror the Hub (and why):
+
+    * ``preupload`` answers ``"lfs"`` for files >= ``lfs_threshold`` bytes (1 MB), for
+      binary suffixes such as ``.safetensors`` and for samples holding NUL bytes, so both
+      upload paths (inline base64 and LFS batch + PUT) are exercised by tests.
+    * A repo created without an organization lands in the user's namespace (``tester``),
+      because ``create_repo`` parses the returned URL and needs ``namespace/name``.
+    * Writes (create/delete repo, preupload, LFS batch, commit) and ``whoami-v2`` need an
+      ``Authorization: Bearer <anything>`` header, else 401. The token value is never
+      logged or stored. The LFS ``PUT`` URL is "signed" with a per-server secret instead,
+      like an S3 pre-signed URL, because the client sends no auth header there.
+    * ``ETag`` on ``/resolve`` is the quoted git-sha1 (regular) or sha256 (LFS; also sent as
+      ``X-Linked-Etag``/``X-Linked-Size``); files are served directly (no CDN redirect).
+    * Errors carry ``X-Error-Code`` (``RepoNotFound``, ``RevisionNotFound``,
+      ``EntryNotFound``) and ``X-Error-Message`` headers, which is what
+      ``huggingface_hub.utils.hf_raise_for_status`` maps to its exception classes.
+    * Branches (``create_branch``) and pull requests (a commit with ``create_pr=1`` goes to a new
+      ``refs/pr/<n>``) are kept like any ref; discussions themselves are not implemented.
+    * ``with server.faulty("garbage")`` answers every request with 200 and an HTML body (not JSON),
+      ``with server.faulty("hang")`` accepts every request and never answers, so tests can check
+      that the client's errors and timeouts name the server.
     """
 
     # The one routing table: methods, path regex (matched on the raw, still-quoted

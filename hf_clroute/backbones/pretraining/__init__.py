@@ -1,0 +1,1 @@
+"""How the small committed ViT backbones were pretrained, and the paper-shaped stand-ins."""

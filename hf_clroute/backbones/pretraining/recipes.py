@@ -1,4 +1,4 @@
-"""Stand-in pretrained ViT backbones, built offline (SPEC sections 6 and 10, issue 3).
+"""Stand-in pretrained ViT backbones, built offline.
 
 No pretrained ViT can be downloaded on these machines, so a small
 ``ViTForImageClassification`` (28x28 grayscale, patch 7, hidden 128, 4 layers, ~0.54M parameters) is
@@ -44,7 +44,7 @@ import torch.nn.functional as F
 
 from hf_clroute.backbones.assets import ASSET_FILES, CHECKSUMS_NAME, COMPRESSED
 from hf_clroute.backbones.assets import sha256_file as _sha256
-from hf_clroute.bench.harness.probes import (
+from hf_clroute.metrics.probes import (
     linear_probe_accuracy,  # the probe lives with the probes; importable here too
 )
 

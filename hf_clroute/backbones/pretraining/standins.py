@@ -235,7 +235,8 @@ def standin_path(ref: str, build: bool = True) -> str:
     path = standin_dir() / name
     if not (path / _DONE).is_file():
         if not build:
-            raise FileNotFoundError(f"stand-in {name!r} is not built; run `python -m hf_clroute.backbones.pretraining.standins`")
+            raise FileNotFoundError(
+                f"stand-in {name!r} is not built; run `python -m hf_clroute.backbones.pretraining.standins`")
         _build_into(path, known[name])
     return str(path)
 

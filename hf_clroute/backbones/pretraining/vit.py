@@ -1,9 +1,8 @@
-"""The stand-in ViT backbones' pretraining (SPEC sections 6 and 10): a small ViT in CPU minutes.
+"""The stand-in ViT backbones' pretraining: a small ViT in CPU minutes.
 
 No pretrained ViT can be downloaded on these machines, and a ViT trained only on
-a *different* small dataset transfers poorly (SPEC section 10: a 0.54M-parameter
-Fashion-MNIST ViT gives 30% nearest-class-mean / 66% linear-probe accuracy on
-MNIST, frozen). A web-pretrained backbone has seen images *like* the benchmark's,
+a *different* small dataset transfers poorly (a small Fashion-MNIST ViT reads MNIST
+badly when frozen). A web-pretrained backbone has seen images *like* the benchmark's,
 without their benchmark labels. :func:`training_function` imitates that, per recipe
 (:data:`hf_clroute.backbones.pretraining.recipes.RECIPES`):
 
@@ -46,9 +45,10 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import set_seed
 from torch.utils.data import DataLoader, Dataset
-from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+from transformers import ViTConfig, ViTForImageClassification
 
 from hf_clroute.backbones.assets import installed_asset_path
+from hf_clroute.backbones.catalog import vit_image_processor
 from hf_clroute.backbones.pretraining import (
     recipes as pretrained,  # its cache and asset roots are looked up at call time (tests point them elsewhere)
 )
@@ -358,7 +358,8 @@ def training_function(recipe: str, out: str, **overrides: Any) -> dict[str, Any]
             f"{cfg['label_smoothing']}) + {cfg['contrastive_weight']} x SimCLR NT-Xent (temperature "
             f"{cfg['temperature']}) on two strongly augmented views of UNLABELLED {spec.contrastive_data} "
             "training images "
-            "(affine, contrast/brightness, noise, erasing); one shared backbone pass; the target's labels are never read"
+            "(affine, contrast/brightness, noise, erasing); one shared backbone pass; "
+            "the target's labels are never read"
         ),
         "target_labels_used": False,
         "steps": steps,
@@ -374,7 +375,7 @@ def training_function(recipe: str, out: str, **overrides: Any) -> dict[str, Any]
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(net).model
         model.save_pretrained(out)
-        processor = ViTImageProcessor(
+        processor = vit_image_processor(  # saved as a ViTImageProcessor config, made without the warning
             do_resize=True, size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
             do_rescale=True, do_normalize=True, image_mean=[MEAN], image_std=[STD],
         )

@@ -2,5 +2,8 @@
 
 from hf_clroute.baselines.coda_prompt.config import CodaPromptConfig
 from hf_clroute.baselines.coda_prompt.method import CodaPrompt, orthogonal_to
+from hf_clroute.core.registry import register_method
+
+register_method(CodaPromptConfig, CodaPrompt)
 
 __all__ = ["CodaPrompt", "CodaPromptConfig", "orthogonal_to"]

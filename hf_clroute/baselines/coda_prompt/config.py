@@ -46,6 +46,8 @@ class CodaPromptConfig(PromptPoolConfig):
         self._check_length("components_per_task", "prompt_length")
         self._check_layers("layers")
         if self.prompt_length % 2:
-            raise ValueError(f"CodaPromptConfig.prompt_length must be even (half keys, half values), got {self.prompt_length}")
+            raise ValueError("CodaPromptConfig.prompt_length must be even (half keys, half values), "
+                             f"got {self.prompt_length}")
         if self.pull_weight != 0:
-            raise ValueError(f"CodaPromptConfig.pull_weight must be 0 (CODA-Prompt has no surrogate loss), got {self.pull_weight!r}")
+            raise ValueError("CodaPromptConfig.pull_weight must be 0 (CODA-Prompt has no surrogate loss), "
+                             f"got {self.pull_weight!r}")

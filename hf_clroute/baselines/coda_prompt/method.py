@@ -20,8 +20,8 @@ from torch import nn
 from hf_clroute.backbones.catalog import get_blocks
 from hf_clroute.baselines.coda_prompt.config import CodaPromptConfig
 from hf_clroute.baselines.prompt_pool.base import PromptPoolMethod, Prompts
+from hf_clroute.core.method import StepContext
 from hf_clroute.errors import UserInputError
-from hf_clroute.methods.base import StepContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from hf_clroute.core.model import CLModel

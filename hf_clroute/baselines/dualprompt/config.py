@@ -22,7 +22,9 @@ class DualPromptConfig(PromptPoolConfig):
         metadata={"help": "0-based blocks of the shared G-prompt; None = the paper's blocks 1-2 (indices 0, 1) "
                           "that the backbone has."},
     )
-    e_length: int = field(default=20, metadata={"help": "E-prompt length (the paper's 20), prefix keys and values as for G."})
+    e_length: int = field(
+        default=20, metadata={"help": "E-prompt length (the paper's 20), prefix keys and values as for G."}
+    )
     e_layers: list[int] | None = field(
         default=None,
         metadata={"help": "0-based blocks of the E-prompts; None = the paper's blocks 3-5 (indices 2, 3, 4) that the "

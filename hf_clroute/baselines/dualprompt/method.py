@@ -22,8 +22,8 @@ from hf_clroute.baselines.prompt_pool.base import (
     pull_loss,
     uniform,
 )
+from hf_clroute.core.method import StepContext
 from hf_clroute.errors import UserInputError
-from hf_clroute.methods.base import StepContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from hf_clroute.core.model import CLModel

@@ -12,7 +12,9 @@ from hf_clroute.baselines.prompt_pool.base import PromptPoolConfig
 class L2PConfig(PromptPoolConfig):
     method: ClassVar[str] = "l2p"
 
-    pool_size: int = field(default=10, metadata={"help": "M: prompts in the pool, each with a learned key (the paper's 10)."})
+    pool_size: int = field(
+        default=10, metadata={"help": "M: prompts in the pool, each with a learned key (the paper's 10)."}
+    )
     prompt_length: int = field(default=5, metadata={"help": "Tokens per prompt (the paper's 5)."})
     top_n: int = field(
         default=5,
@@ -29,7 +31,8 @@ class L2PConfig(PromptPoolConfig):
         default=True,
         metadata={"help": "On (the paper's code trains with its classes mask): cross-entropy over the current task's "
                           "classes only. The head grows with the stream, so every logit is a class already seen: "
-                          "the paper's mask of unseen classes holds by construction. Prediction uses every seen class."},
+                          "the paper's mask of unseen classes holds by construction. Prediction uses every seen "
+                          "class."},
     )
 
     READOUTS: ClassVar[tuple[str, ...]] = ("prompts", "pooled")

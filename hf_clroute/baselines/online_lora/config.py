@@ -30,17 +30,20 @@ class OnlineLoraConfig(CLConfig):
                           "a peak (a window mean above the last plateau's mean + std); 0.2 as in that rule, tuned on "
                           "validation (online-lora.json)."},
     )
-    plateau_variance: float = field(default=0.1, metadata={"help": "A plateau's variance bound (0.1, as in that rule)."})
+    plateau_variance: float = field(
+        default=0.1, metadata={"help": "A plateau's variance bound (0.1, as in that rule)."}
+    )
     hard_buffer_size: int = field(
         default=4,
-        metadata={"help": "Hard-example buffer: the samples of highest loss seen since the last plateau (4). At a plateau "
-                          "the importance of every merged weight is estimated on them (mean squared gradient, the "
-                          "empirical Fisher). The buffer is not replayed (ours)."},
+        metadata={"help": "Hard-example buffer: the samples of highest loss seen since the last plateau (4). At a "
+                          "plateau the importance of every merged weight is estimated on them (mean squared gradient, "
+                          "the empirical Fisher). The buffer is not replayed (ours)."},
     )
     penalty_weight: float = field(
         default=1000.0,
         metadata={"help": "lambda of the penalty lambda * sum(Omega * dW^2): dW is the current LoRA's change of the "
-                          "merged weights, Omega their importance summed over plateaus (ours: 1000, tuned on validation)."},
+                          "merged weights, Omega their importance summed over plateaus (ours: 1000, tuned on "
+                          "validation)."},
     )
     current_task_loss: bool = field(
         default=False,
@@ -48,12 +51,15 @@ class OnlineLoraConfig(CLConfig):
                           "cross-entropy over every class seen so far. The head grows with the stream, so unseen "
                           "classes have no logit (the paper's mask of unseen classes)."},
     )
-    init_seed: int = field(default=0, metadata={"help": "Seed of every new LoRA's A matrix, independent of the global RNG."})
+    init_seed: int = field(
+        default=0, metadata={"help": "Seed of every new LoRA's A matrix, independent of the global RNG."}
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.freeze_backbone:
-            raise ValueError("OnlineLoraConfig.freeze_backbone must be True: Online-LoRA trains LoRA on a frozen backbone")
+            raise ValueError("OnlineLoraConfig.freeze_backbone must be True: Online-LoRA trains LoRA on a frozen "
+                             "backbone")
         for name in ("r", "window", "hard_buffer_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -24,8 +24,8 @@ import torch.nn.functional as F
 
 from hf_clroute.baselines.online_lora.config import OnlineLoraConfig
 from hf_clroute.baselines.online_lora.layer import MergeableLoRA
+from hf_clroute.core.method import ContinualMethod, StepContext
 from hf_clroute.core.outputs import model_inputs
-from hf_clroute.methods.base import ContinualMethod, StepContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from hf_clroute.core.model import CLModel
@@ -51,7 +51,8 @@ class OnlineLora(ContinualMethod):
         found = [(name, module) for name, module in model.backbone.named_modules()
                  if name.rpartition(".")[2] in targets and isinstance(module, torch.nn.Linear)]
         if not found:
-            raise ValueError(f"OnlineLoraConfig.target_modules {sorted(targets)} match no linear layer of this backbone")
+            raise ValueError(f"OnlineLoraConfig.target_modules {sorted(targets)} match no linear layer of this "
+                             "backbone")
         self.adapted = torch.nn.ModuleList()
         generator = torch.Generator().manual_seed(cfg.init_seed)
         for name, module in found:
@@ -97,7 +98,8 @@ class OnlineLora(ContinualMethod):
         samples = {k: v for k, v in model_inputs(batch).items() if k != "features"}
         gathered = {k: _gather_padded(v, ctx) if k in _TOKEN_INPUTS else ctx.gather(v) for k, v in samples.items()}
         gathered["labels"], losses = ctx.gather(labels), ctx.gather(losses)
-        rows = [(float(losses[i]), _trimmed({k: v[i:i + 1].cpu() for k, v in gathered.items()})) for i in range(len(losses))]
+        rows = [(float(losses[i]), _trimmed({k: v[i:i + 1].cpu() for k, v in gathered.items()}))
+                for i in range(len(losses))]
         self.hard = sorted(self.hard + rows, key=lambda row: -row[0])[: self.config.hard_buffer_size]
 
     # ---- consolidation ------------------------------------------------------------------

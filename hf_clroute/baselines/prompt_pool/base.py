@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from hf_clroute.backbones.catalog import pooled_features
 from hf_clroute.baselines.prompt_pool.insertion import PromptInjector
 from hf_clroute.core.config import CLConfig
+from hf_clroute.core.method import ContinualMethod, StepContext
 from hf_clroute.core.outputs import CLModelOutput, backbone_inputs, model_inputs
-from hf_clroute.methods.base import ContinualMethod, StepContext
 
 if TYPE_CHECKING:  # pragma: no cover
     from hf_clroute.core.model import CLModel
@@ -75,7 +75,8 @@ class PromptPoolConfig(CLConfig):
             return [i for i in paper if i < num_blocks]
         missing = [i for i in layers if i >= num_blocks]
         if missing:
-            raise ValueError(f"{type(self).__name__}.{name} {missing} out of range: the backbone has {num_blocks} blocks")
+            raise ValueError(f"{type(self).__name__}.{name} {missing} out of range: the backbone has {num_blocks} "
+                             "blocks")
         return sorted(layers)
 
 
@@ -110,7 +111,8 @@ class PromptPoolMethod(ContinualMethod):
         finally:
             model.backbone.train(was_training)
 
-    def prompted(self, model: "CLModel", inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def prompted(self, model: "CLModel",
+                 inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if "features" in inputs:
             raise ValueError(f"{self.config.method} prompts the backbone: it cannot read precomputed features")
         input_prompts, prefixes, aux = self.prompts(model, self.query(model, inputs))
@@ -130,7 +132,8 @@ class PromptPoolMethod(ContinualMethod):
 
     def forward(self, model: "CLModel", batch: dict[str, torch.Tensor]) -> CLModelOutput:
         features, aux = self.prompted(model, model_inputs(batch))
-        out = self.with_loss(model, batch, CLModelOutput(logits=self.classify(model, features), features=features.detach()))
+        logits = self.classify(model, features)
+        out = self.with_loss(model, batch, CLModelOutput(logits=logits, features=features.detach()))
         if out.loss is not None and aux:
             out.losses = {**out.losses, **aux}
             out.loss = sum(out.losses.values())

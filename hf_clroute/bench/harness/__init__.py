@@ -1,0 +1,1 @@
+"""What every benchmark shares: suites, settings, feature caches, probes, results, verdicts."""

@@ -32,14 +32,17 @@ class LRSchedule:
     warmup_steps: int = field(default=0, metadata={"help": "Steps of linear warm-up from learning_rate / warmup_steps "
                                                            "to learning_rate (0 = start at the peak)."})
     schedule: str = field(default="cosine", metadata={"help": "After the warm-up: 'cosine' decays to min_lr_ratio x "
-                                                              "learning_rate at the last step; 'constant' stays at the peak."})
-    min_lr_ratio: float = field(default=0.1, metadata={"help": "Final rate of the cosine decay, as a fraction of the peak."})
+                                                              "learning_rate at the last step; 'constant' stays at the "
+                                                              "peak."})
+    min_lr_ratio: float = field(
+        default=0.1, metadata={"help": "Final rate of the cosine decay, as a fraction of the peak."})
 
     def __post_init__(self) -> None:
         for name in ("steps", "warmup_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < (1 if name == "steps" else 0):
-                raise UserInputError(f"LRSchedule.{name} must be an integer >= {1 if name == 'steps' else 0}, got {value!r}")
+                raise UserInputError(
+                    f"LRSchedule.{name} must be an integer >= {1 if name == 'steps' else 0}, got {value!r}")
         if self.warmup_steps >= self.steps:
             raise UserInputError(f"LRSchedule.warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
         if not isinstance(self.learning_rate, (int, float)) or self.learning_rate <= 0:

@@ -1,14 +1,14 @@
 """Relabel committed rows whose method name has since changed meaning (``hf-clroute merge --rename``).
 
-A method's name can come to mean other settings: issue 32 changed what ``mars`` trains, and the first
-reading lives on as ``mars-paper``. Rows run before that are measurements of ``mars-paper``, and a table
+A method's name can come to mean other settings: ``mars`` once trained the first literal reading of the
+paper, which lives on as ``mars-paper``. Rows run before that are measurements of ``mars-paper``, and a table
 that still calls them ``mars`` misleads. A rename is refused unless it is provably a relabelling:
 
 * every adapter-config field the row recorded (``settings.adapter_config``; the run's own identity fields
   aside) equals what the new name resolves to today for the row's suite, the recorded seed and its pick; and
 * every field the new name has that the row did not record (a field added after the run) is at its
   default: a new option's default keeps the behaviour the code had before it (the rule every config
-  follows; ``MarsConfig``'s issue-32 options default to the first reading), so the row ran that.
+  follows; ``MarsConfig``'s later options default to the first reading), so the row ran that.
 
 The row keeps its recorded settings, gains ``renamed_from``, and the merge records the command.
 """

@@ -36,7 +36,8 @@ class RoutingHealthRecorder(Callback):
     name = "routing"
 
     def on_task_end(self, trainer: "ContinualTrainer", task_id: int) -> None:
-        tests = [e.test.select(range(min(len(e.test), HEALTH_EXAMPLES_PER_TASK))) for e in trainer.stream[: task_id + 1]]
+        tests = [e.test.select(range(min(len(e.test), HEALTH_EXAMPLES_PER_TASK)))
+                 for e in trainer.stream[: task_id + 1]]
         with trainer.model.method.track():
             model_features(trainer.model, concatenate_datasets(tests), trainer.collator)
         history = trainer.result.records.setdefault(self.name, [])

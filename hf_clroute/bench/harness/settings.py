@@ -3,10 +3,12 @@
 Precedence, lowest to highest (a later layer replaces a field an earlier one set):
 
 1. the dataclass defaults of ``TrainingConfig`` and of the method's config class;
-2. the method's settings file ``configs/methods/<method>.json`` (``config`` and
-   ``training``; a variant file (``"method": "lora"``) applies its method's file first),
-   then its per-suite blocks ``suites.<key>``, for each key of the suite's lineage from its
-   farthest ``base`` to the suite itself;
+2. the method's settings file (``config`` and ``training``), then its per-suite blocks
+   ``suites.<key>``, for each key of the suite's lineage from its farthest ``base`` to the suite
+   itself. A registered method's file is ``configs/methods/<method>.json``; a named variant's,
+   ``configs/variants/<name>.json``, and a study ablation's, ``configs/ablations/<name>.json``:
+   those name the method they configure (``"method": "lora"``, or another variant), whose file
+   applies first;
 3. the suite's ``training`` block (with ``--quick``, the suite's ``quick`` block is
    merged into the suite first, key by key) and the suite's ``scenario``: what the suite's
    author wrote for every method takes effect over the library's per-method settings;
@@ -36,11 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from hf_clroute.core.config import CLConfig
-from hf_clroute.core.registry import get_method
+from hf_clroute.core.registry import canonical_name, get_method
 from hf_clroute.engine import TrainingConfig
 from hf_clroute.errors import UserInputError
 
 CONFIG_ROOT = Path(__file__).resolve().parents[1] / "configs"  # package data: installed with the wheel
+#: the folders of settings files under CONFIG_ROOT: the registered methods, the named variants a user
+#: would pick, and the studies' ablations and controls (``hf-clroute methods --all`` lists them).
+SETTINGS_FOLDERS = ("methods", "variants", "ablations")
 
 
 @dataclass
@@ -62,9 +67,23 @@ class RunSettings:
         }
 
 
+def settings_path(method: str) -> Path | None:
+    """The settings file of a method, variant or ablation (an old ``_`` spelling of its name too), or None."""
+    name = canonical_name(method)
+    paths = [CONFIG_ROOT / folder / f"{name}.json" for folder in SETTINGS_FOLDERS]
+    return next((path for path in paths if path.is_file()), None)
+
+
+def settings_label(path: Path) -> str:
+    """How a settings file is named in ``RunSettings.sources``: ``configs/<folder>/<name>.json``."""
+    return f"configs/{path.parent.name}/{path.name}"
+
+
 def method_file(method: str) -> dict[str, Any]:
-    path = CONFIG_ROOT / "methods" / f"{method}.json"
-    if not path.is_file():
+    """The settings file of ``method`` as a dict ({} when it has none). A registered method's file is named
+    by its file name alone; a variant's or ablation's names the method it configures (``"method"``)."""
+    path = settings_path(method)
+    if path is None:
         return {}
     try:
         data = json.loads(path.read_text())
@@ -72,26 +91,32 @@ def method_file(method: str) -> dict[str, Any]:
         raise UserInputError(f"method settings file {path} is not valid JSON: {err}") from err
     if not isinstance(data, dict):
         raise UserInputError(f"method settings file {path} must hold a JSON object, not a {type(data).__name__}")
+    registered = path.parent.name == "methods"
+    if registered == ("method" in data):
+        raise UserInputError(f"method settings file {path}: " + (
+            "a registered method's file is named by its file name; remove its 'method' key" if registered
+            else "a variant's file must name the method it configures ('method')"))
     return data
 
 
 def method_layers(method: str, lineage: list[str]) -> list[tuple[str, dict[str, Any]]]:
     """(source label, {"config": ..., "training": ...}) layers of the method files, lowest first."""
-    data = method_file(method)
-    registered = data.get("method", method)
-    layers = method_layers(registered, lineage) if registered != method else []
-    layers.append((f"configs/methods/{method}.json", data))
+    path, data = settings_path(method), method_file(method)
+    layers = method_layers(data["method"], lineage) if "method" in data else []
+    if path is None:
+        return layers
+    layers.append((settings_label(path), data))
     for key in lineage:
         block = data.get("suites", {}).get(key)
         if block:
-            layers.append((f"configs/methods/{method}.json suites.{key}", block))
+            layers.append((f"{settings_label(path)} suites.{key}", block))
     return layers
 
 
 def registered_method(method: str) -> str:
+    """The registered method a variant (or a variant of a variant) configures; a method names itself."""
     data = method_file(method)
-    registered = data.get("method", method)
-    return registered if registered == method else registered_method(registered)
+    return registered_method(data["method"]) if "method" in data else canonical_name(method)
 
 
 def suite_source(suite: Any) -> str:
@@ -107,8 +132,10 @@ def resolve_run(suite: Any, method: str, seed: int, overrides: dict[str, Any] | 
     ``overrides_source`` names where ``overrides`` came from (a run config file, the command line)."""
     lineage = [*reversed(suite.bases), suite.name]
     layers: list[tuple[str, dict[str, Any]]] = method_layers(method, lineage)
+    settings_files = {label for label, _ in layers}
     layers.append(("suite training", {"config": {}, "training": suite.training}))
-    own = suite.method_settings.get(method)
+    own = next((block for name, block in suite.method_settings.items()
+                if canonical_name(name) == canonical_name(method)), None)
     if own:
         layers.append((f"suite {suite.name} method_settings.{method}", own))
     if selected:
@@ -137,7 +164,7 @@ def resolve_run(suite: Any, method: str, seed: int, overrides: dict[str, Any] | 
         raise UserInputError(f"settings for method {method!r} name unknown {config_class.__name__} field(s) {unknown} "
                              f"(from {sorted({sources['config.' + k] for k in unknown})})")
     seeded = ["training.seed"] + [f"config.{n}" for n in sorted(known) if n == "seed" or n.endswith("_seed")]
-    written = [key for key in seeded if key in sources and not sources[key].startswith("configs/methods/")]
+    written = [key for key in seeded if key in sources and sources[key] not in settings_files]
     if written:  # the run seed would replace it: refuse rather than override what the user wrote
         raise UserInputError(f"{', '.join(written)} set by {sources[written[0]]!r}: seeds come from the run seed "
                              "(--seeds / --seed / a run config's 'seed'); remove it")
@@ -218,18 +245,19 @@ def describe_settings(settings: RunSettings) -> str:
 
 
 def method_description(method: str) -> str:
-    """The one-line description in ``configs/methods/<method>.json`` ("" if none)."""
+    """The description in the method's (or variant's) settings file ("" if none)."""
     return method_file(method).get("description", "")
 
 
-def method_variants() -> list[tuple[str, str]]:
-    """(variant, registered method) for every settings file that configures another method."""
-    variants = []
-    for path in sorted((CONFIG_ROOT / "methods").glob("*.json")):
-        method = json.loads(path.read_text()).get("method", path.stem)
-        if method != path.stem:
-            variants.append((path.stem, method))
-    return variants
+def method_summary(method: str) -> str:
+    """The one short line ``hf-clroute methods`` prints: what the method or variant is ("" if none)."""
+    return method_file(method).get("summary", "")
+
+
+def method_variants(folders: tuple[str, ...] = ("variants", "ablations")) -> list[tuple[str, str]]:
+    """(variant, the method it configures) for every settings file in ``folders``, by name."""
+    paths = sorted((path for folder in folders for path in (CONFIG_ROOT / folder).glob("*.json")), key=lambda p: p.stem)
+    return [(path.stem, method_file(path.stem)["method"]) for path in paths]
 
 
 def merged_method_settings(method: str, lineage: list[str]) -> dict[str, dict[str, Any]]:

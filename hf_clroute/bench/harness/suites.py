@@ -21,6 +21,7 @@ from hf_clroute.bench.harness.settings import (
     check_training_block,
     suite_source,
 )
+from hf_clroute.core.registry import canonical_name
 from hf_clroute.errors import UserInputError
 from hf_clroute.metrics import SCENARIOS
 
@@ -34,7 +35,8 @@ class SuiteConfig:
     backbone: str = field(
         metadata={"help": "'pretrained-vit:<recipe>', 'minilm', a local checkpoint dir or a Hub model id."}
     )
-    runner: str = field(default="classification", metadata={"help": "Which runner: classification (this one), charlm, plasticity."})
+    runner: str = field(
+        default="classification", metadata={"help": "Which runner: classification (this one), charlm, plasticity."})
     input_column: str | None = field(default=None, metadata={"help": "Image/text column (None: infer)."})
     label_column: str = field(default="label", metadata={"help": "Label column."})
     train_split: str = field(default="train", metadata={"help": "The dataset's split the training stream comes from."})
@@ -72,7 +74,8 @@ class SuiteConfig:
     )
     training: dict[str, Any] = field(default_factory=dict, metadata={"help": "TrainingConfig fields for every method."})
     methods: list[str] = field(
-        default_factory=list, metadata={"help": "Methods `hf-clroute bench` runs by default (hf_clroute/configs/methods/<name>.json)."}
+        default_factory=list,
+        metadata={"help": "Methods `hf-clroute bench` runs by default (hf_clroute/bench/configs/methods/<name>.json)."},
     )
     quick: dict[str, Any] = field(default_factory=dict, metadata={"help": "Overrides of the fields above for --quick."})
     description: str = field(default="", metadata={"help": "What the suite measures, for tables and model cards."})
@@ -90,9 +93,10 @@ class SuiteConfig:
     )
     reuse_picks_across_task_counts: bool = field(
         default=False,
-        metadata={"help": "Run with a base suite's validation picks although this suite splits its classes into another "
-                          "number of tasks (a task-count study: one setting, chosen on the base's validation split, "
-                          "measured at several task counts). Off: a selection is reused only on the same stream."},
+        metadata={"help": "Run with a base suite's validation picks although this suite splits its classes into "
+                          "another number of tasks (a task-count study: one setting, chosen on the base's validation "
+                          "split, measured at several task counts). Off: a selection is reused only on the same "
+                          "stream."},
     )
     allow_fewer_per_class: bool = field(
         default=False,
@@ -118,9 +122,11 @@ class SuiteConfig:
         if bad:
             raise ValueError(f"SuiteConfig.quick has unknown field(s) {bad}")
         if self.runner != "classification":
-            raise ValueError(f"suite {self.name!r} has runner {self.runner!r}; SuiteConfig is for classification suites")
+            raise ValueError(
+                f"suite {self.name!r} has runner {self.runner!r}; SuiteConfig is for classification suites")
         if not 0.0 < self.test_fraction < 1.0:
-            raise ValueError(f"suite {self.name!r}: SuiteConfig.test_fraction must be in (0, 1), got {self.test_fraction}")
+            raise ValueError(
+                f"suite {self.name!r}: SuiteConfig.test_fraction must be in (0, 1), got {self.test_fraction}")
         if self.test_split == self.train_split:
             raise ValueError(f"suite {self.name!r}: SuiteConfig.test_split equals train_split ({self.train_split!r}); "
                              "set test_split to null to carve a test set from it")
@@ -279,7 +285,8 @@ def deep_merge(base: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
     """``base`` with ``changes`` on top; nested dicts (``training``, ``quick``) merge key by key."""
     merged = dict(base)
     for key, value in changes.items():
-        merged[key] = deep_merge(base[key], value) if isinstance(value, dict) and isinstance(base.get(key), dict) else value
+        both_dicts = isinstance(value, dict) and isinstance(base.get(key), dict)
+        merged[key] = deep_merge(base[key], value) if both_dicts else value
     return merged
 
 
@@ -376,7 +383,7 @@ def builtin_suites() -> list[str]:
 
 def build_stream(suite: SuiteConfig, seed: int) -> list:
     """The suite's experiences for one seed (class order and stream order fixed by it)."""
-    from hf_clroute.data.experiences import class_incremental
+    from hf_clroute.data.class_tasks import class_incremental
     from hf_clroute.data.labeled import load_labeled_dataset
 
     if suite.scenario == "domain":
@@ -499,4 +506,5 @@ def load_selection(path: str | Path, suite: Any) -> dict[str, Any]:
         if not same_stream:
             raise UserInputError(f"selection {path} was tuned on suite {tuned_on!r}, not {suite.name!r} (a suite "
                                  f"based on it may reuse it only with the same {', '.join(STREAM_FIELDS)})")
-    return selection["methods"]
+    methods = selection["methods"]  # picks saved before the one-separator rename keep their old names
+    return {**{canonical_name(m): v for m, v in methods.items()}, **methods}

@@ -1,0 +1,1 @@
+"""Reports: BENCHMARKS.md, plots, model cards, speed tables."""

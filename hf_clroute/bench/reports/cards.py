@@ -69,7 +69,8 @@ def build_card(results: dict[str, Any], method: str, repo_id: str, adapter_confi
         if row.get(key)
     ]
     metadata.eval_results = eval_results
-    metrics = [(label, f"{row[k]['mean'] * 100:.2f} ± {row[k]['std'] * 100:.2f}") for k, (_, label) in CARD_METRICS.items() if row.get(k)]
+    metrics = [(label, f"{row[k]['mean'] * 100:.2f} ± {row[k]['std'] * 100:.2f}")
+               for k, (_, label) in CARD_METRICS.items() if row.get(k)]
     training = dict(config.get("training", {}))
     return ModelCard.from_template(
         metadata,

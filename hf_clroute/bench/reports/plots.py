@@ -65,7 +65,8 @@ def average_accuracy_curve(results: dict[str, Any], path: Path) -> Path:
         R = np.asarray(row["accuracy_matrix"]) * 100
         return np.arange(1, len(R) + 1), [R[t, : t + 1].mean() for t in range(len(R))]
 
-    return _lines(results, ("tasks learned", "average accuracy on seen tasks (%)"), f"{results['suite']}: A_t over the stream", path, series)
+    return _lines(results, ("tasks learned", "average accuracy on seen tasks (%)"),
+                  f"{results['suite']}: A_t over the stream", path, series)
 
 
 def forgetting_per_task(results: dict[str, Any], path: Path) -> Path:
@@ -84,7 +85,8 @@ def anytime_curve(results: dict[str, Any], path: Path) -> Path:
         points = row["per_seed"][0].get("anytime") or []
         return [p[0] for p in points], [p[1] * 100 for p in points]
 
-    return _lines(results, ("training step", "accuracy on seen tasks (%)"), f"{results['suite']}: anytime accuracy", path, series)
+    return _lines(results, ("training step", "accuracy on seen tasks (%)"),
+                  f"{results['suite']}: anytime accuracy", path, series)
 
 
 def shallow_vs_deep(results: dict[str, Any], path: Path) -> Path | None:
@@ -146,7 +148,8 @@ def forgetting_vs_buffer(results: dict[str, Any], path: Path) -> Path | None:
     x = np.where(sizes > 0, sizes, 1.0)  # buffer 0 drawn at 1 on the log axis
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, get in (("head forgetting (-BWT)", lambda r: -np.array([r["BWT"]["mean"], -r["BWT"]["std"]])),
-                       ("deep forgetting (probe)", lambda r: np.array([r["deep_forgetting"]["mean"], r["deep_forgetting"]["std"]]))):
+                       ("deep forgetting (probe)",
+                        lambda r: np.array([r["deep_forgetting"]["mean"], r["deep_forgetting"]["std"]]))):
         values = np.array([get(r) for _, r in rows]) * 100
         ax.errorbar(x, values[:, 0], yerr=np.abs(values[:, 1]), marker="o", capsize=3, label=label)
     ax.set_xscale("log")

@@ -30,8 +30,9 @@ def roofline_section(r: dict[str, Any]) -> list[str]:
     load = [r["load_average"]["start"][0], r["load_average"]["end"][0]]
     lines = [f"### Roofline (`{r['command']}`, {r['date']}, {r['machine']['threads']} thread, load average "
              f"{_load_avg(load)})", "",
-             f"Matmul peak ({r['settings']['matmul_size']}^2, best of {r['settings'].get('matmul_repeats', 5)}): fp32 {peaks['fp32']:.0f}, bf16 "
-             f"{peaks['bf16']:.0f}, fp64 {peaks['fp64']:.0f} GFLOP/s. CPU bf16: {r['machine']['bf16_hardware'][1]}.",
+             f"Matmul peak ({r['settings']['matmul_size']}^2, best of {r['settings'].get('matmul_repeats', 5)}): "
+             f"fp32 {peaks['fp32']:.0f}, bf16 {peaks['bf16']:.0f}, fp64 {peaks['fp64']:.0f} GFLOP/s. "
+             f"CPU bf16: {r['machine']['bf16_hardware'][1]}.",
              "", "| workload | batch | GFLOP per call | fp32 GFLOP/s (% of peak) | bf16 GFLOP/s (% of peak) | "
                  "samples/s fp32 → bf16 | bf16 / fp32 |", "|---|---|---|---|---|---|---|"]
     for w in r["workloads"]:
@@ -67,7 +68,8 @@ def precision_section(p: dict[str, Any]) -> list[str]:
     lines = [f"### Paired fp32-vs-bf16 check (`{p['command']}`)", "",
              "A_T in % (per seed, mean); bf16 − fp32 paired over seeds (mean ± std, paired t); speed ratios "
              "bf16 / fp32 (median over seeds); the load average around the runs.", "",
-             "| suite | method | test N | A_T fp32 | A_T bf16 | bf16 − fp32 | verdict | train/s ratio | infer/s ratio | load |",
+             "| suite | method | test N | A_T fp32 | A_T bf16 | bf16 − fp32 | verdict | train/s ratio | infer/s ratio "
+             "| load |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for suite, entry in p["suites"].items():
         for method, m in entry["methods"].items():
@@ -78,8 +80,9 @@ def precision_section(p: dict[str, Any]) -> list[str]:
             loads = [x for runs in m["load_average"].values() for pair in runs.values() for x in pair]
             verdict = "within noise" if m["within_noise"] else d.get("verdict", "—")
             p_value = f", p {d['p']:.2f}" if d.get("p") is not None else ""
-            lines.append(f"| {suite} | {method} | {entry.get('test_size') or '—'} | {mean['fp32']:.1f} | {mean['bf16']:.1f} | "
-                         f"{d.get('mean', float('nan')):+.2f} ± {d.get('std', float('nan')):.2f} ({d.get('n', 0)} seeds"
+            lines.append(f"| {suite} | {method} | {entry.get('test_size') or '—'} | {mean['fp32']:.1f} | "
+                         f"{mean['bf16']:.1f} | {d.get('mean', float('nan')):+.2f} ± {d.get('std', float('nan')):.2f} "
+                         f"({d.get('n', 0)} seeds"
                          f"{p_value}) | {verdict} | {_x(ratio['train_samples_per_s'])} | "
                          f"{_x(ratio['infer_samples_per_s'])} | {_load_avg(loads)} |")
     return lines + [""]
@@ -108,7 +111,7 @@ def markdown(folder: Path) -> str:
     lines = ["## Mixed precision, roofline and threads", "",
              "Regenerate: `scripts/roofline.sh`, `scripts/precision_check.sh`, then "
              "`python -m hf_clroute.bench.reports.speed_report`. `auto` precision reads its table "
-             f"(`hf_clroute/backbones/precision.py`, `MEASURED`) from `{MEASURED_BY}` and this page's paired check.", ""]
+             f"(`hf_clroute/backbones/bf16_speedups.json`) from `{MEASURED_BY}` and this page's paired check.", ""]
     roofline = _load(folder / "roofline.json")
     if roofline:
         lines += roofline_section(roofline) + ["Targets:", ""] + targets(roofline) + [""]

@@ -1,0 +1,1 @@
+"""The runners a suite names (classification, char-LM, plasticity) and `hf-clroute tune`."""

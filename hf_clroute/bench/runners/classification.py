@@ -64,11 +64,13 @@ from hf_clroute.bench.reports.report import (
     seeds_mark,
 )
 from hf_clroute.core.model import CLModel, get_cl_model
+from hf_clroute.core.registry import method_key
 from hf_clroute.data.collate import decode_stream_if_small
 from hf_clroute.engine import ContinualTrainer, StreamResult, make_accelerator
 from hf_clroute.engine.checkpoint import check_resume, run_fingerprint
 from hf_clroute.hub.io import atomic_write_text
 from hf_clroute.metrics import aggregate_runs, format_mean_std, mean_std, summarize
+from hf_clroute.metrics.aggregate import one_seed_only, seeds_caption
 
 METRIC_KEYS = ("A_T", "F_T", "A_bar", "BWT", "FWT", "A_AUC")
 PROBE_KEYS = ("deep_forgetting", "probe_A_T", "snr_final")
@@ -237,7 +239,8 @@ def run_bench(
         backbone, collator = load_suite_backbone(suite)
         stream = decode_stream_if_small(build_stream(suite, seed), collator)  # once for every method of the seed
         test_size = test_size or sum(len(e.test) for e in stream)  # the same test set for every seed
-        reference.append(backbone_throughput(backbone, stream[0], collator, resolve_run(suite, "finetune", seed).training.batch_size))
+        batch_size = resolve_run(suite, "finetune", seed).training.batch_size
+        reference.append(backbone_throughput(backbone, stream[0], collator, batch_size))
         feature_stream, cache_s = cache_stream_features(backbone, stream, collator) if cached else (None, 0.0)
         for method in methods:
             started = time.perf_counter()
@@ -360,7 +363,7 @@ def record_selection(out: Path, selection: Path, methods: list[str]) -> None:
     if not methods:
         return
     chosen = json.loads(selection.read_text())
-    chosen["methods"] = {m: chosen["methods"][m] for m in methods}
+    chosen["methods"] = {m: chosen["methods"][method_key(chosen["methods"], m)] for m in methods}
     path = out / "selection.json"
     earlier = [json.loads(path.read_text())] if path.is_file() else []
     atomic_write_text(path, json.dumps(join_selections([*earlier, chosen]), indent=2, sort_keys=True) + "\n")
@@ -371,7 +374,8 @@ def merge(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (), rename: d
     return merge_run_dirs(run_dirs, out, drop, rename or {})
 
 
-def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (), rename: dict[str, str] | None = None) -> dict:
+def merge_run_dirs(run_dirs: list[Path], out: Path, drop: tuple[str, ...] = (),
+                   rename: dict[str, str] | None = None) -> dict:
     """One results.json/md (+ plots) from several bench runs of the same suite (e.g. one per seed),
     without the methods in ``drop`` (a retired variant, say); ``rename`` relabels each run's rows
     before they are joined, each checked (:mod:`hf_clroute.bench.harness.relabel`)."""
@@ -418,7 +422,8 @@ def join_selections(selections: list[dict], drop: tuple[str, ...] = (), rename: 
     wins; ``drop`` left out, ``rename`` applied), every command once, in order."""
     merged = {**selections[0], "methods": {}, "commands": []}
     for selection in selections:
-        merged["methods"].update({(rename or {}).get(m, m): v for m, v in selection["methods"].items() if m not in drop})
+        merged["methods"].update({(rename or {}).get(m, m): v for m, v in selection["methods"].items()
+                                  if m not in drop})
         merged["commands"] += [c for c in selection.get("commands", []) if c not in merged["commands"]]
     return merged
 
@@ -452,9 +457,10 @@ def aggregate_method(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def results_markdown(results: dict) -> str:
+    one_seed = one_seed_only(seed_count(m) for m in results["methods"].values())  # said once, in the caption
     head = (
         f"# {results['suite']} (seeds {', '.join(map(str, results['seeds']))})\n\n"
-        "Accuracies in %, mean ± std over seeds. Throughput in samples/s (training excludes evaluation). "
+        f"Accuracies in %, {seeds_caption(one_seed)}. Throughput in samples/s (training excludes evaluation). "
         "Methods marked * ran on cached frozen features: their throughput excludes the backbone.\n\n"
         "FWT is undefined (—) in class-incremental runs: the next task's classes are unreachable. "
         + (UNDEFINED_NOTE if any(m.get("A_T") and m.get("A_bar") is None for m in results["methods"].values()) else "")
@@ -469,15 +475,17 @@ def results_markdown(results: dict) -> str:
     )
     rows = []
     for name, m in results["methods"].items():
-        fmt = functools.partial(format_mean_std, n=seed_count(m))  # "—": undefined (e.g. FWT in class-IL) or not measured
+        # "—": undefined (e.g. FWT in class-IL) or not measured
+        fmt = functools.partial(format_mean_std, n=seed_count(m), mark_one_seed=not one_seed)
         metrics = " | ".join(fmt(m.get(k)) for k in METRIC_KEYS[1:] + PROBE_KEYS[:2])
-        speed = f"{fmt(m['train_samples_per_s'], scale=1, digits=0)} | {fmt(m['infer_samples_per_s'], scale=1, digits=0)}"
+        speed = " | ".join(fmt(m[k], scale=1, digits=0) for k in ("train_samples_per_s", "infer_samples_per_s"))
         label = f"{name}{'*' if m.get('features_cached') else ''}{marks(m)}{seeds_mark(m, len(results['seeds']))}"
         rows.append(f"| {label} | {fmt(m.get('A_T'))} | {se_cell(m, results.get('test_size'))} | {metrics} | "
                     f"{m['trainable_pct']:.2f} | {speed} | {m['peak_mem_mb']:.0f} |")
     bare = results.get("reference", {}).get("bare_backbone", {})
     if bare:
-        speed = f"{format_mean_std(bare.get('train_samples_per_s'), scale=1, digits=0)} | {format_mean_std(bare.get('infer_samples_per_s'), scale=1, digits=0)}"
+        speed = " | ".join(format_mean_std(bare.get(k), scale=1, digits=0)
+                           for k in ("train_samples_per_s", "infer_samples_per_s"))
         rows.append(f"| *bare backbone (fwd+bwd / fwd)* | | | | | | | | | | 100.00 | {speed} | |")
     return (head + "\n".join(rows) + "\n" + verdicts_markdown(results) + floor_markdown(results)
             + routing_markdown(results))
@@ -505,11 +513,12 @@ def floor_markdown(results: dict) -> str:
     if not floor or not rows:
         return ""
     lines = ["", f"Deep forgetting against its floor: the frozen backbone's own deep F is "
-             f"{floor['mean'] * 100:.1f} ± {floor['std'] * 100:.1f} (the probe on `{floor['method']}`'s features, which "
-             "are the backbone's: a growing label space alone costs this much). A method's deep F above the floor "
-             "is what its training cost the features; paired per seed.", "",
+             f"{floor['mean'] * 100:.1f} ± {floor['std'] * 100:.1f} (the probe on `{floor['method']}`'s features, "
+             "which are the backbone's: a growing label space alone costs this much). A method's deep F above the "
+             "floor is what its training cost the features; paired per seed.", "",
              "| method | deep F | deep F − floor |", "|---|---|---|"]
-    lines += [f"| {m} | {format_mean_std(r.get('deep_forgetting'), n=seed_count(r))} | {paired_cell(r['deep_forgetting_above_floor'])} |"
+    lines += [f"| {m} | {format_mean_std(r.get('deep_forgetting'), n=seed_count(r))} | "
+              f"{paired_cell(r['deep_forgetting_above_floor'])} |"
               for m, r in rows.items() if m != floor["method"]]
     other: dict[str, list[str]] = {}  # probe label -> rows measured by it
     for m, r in results["methods"].items():
@@ -537,7 +546,8 @@ def routing_markdown(results: dict) -> str:
              "uniform pooling, 0 = one token; same top token: share of inputs whose top-weighted token is the "
              "prompt's most frequent one, 1 = a fixed copy whatever the input):", "",
              "| method | entropy / log L | top weight | same top token |", "|---|---|---|---|"]
-    lines += [f"| {name} | " + " | ".join(format_mean_std(m[k], scale=1, digits=2) for k in ROUTING_KEYS) + " |" for name, m in routed.items()]
+    lines += [f"| {name} | " + " | ".join(format_mean_std(m[k], scale=1, digits=2) for k in ROUTING_KEYS) + " |"
+              for name, m in routed.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -9,9 +9,9 @@ text is measured (``ppl_matrix[t][d]``: after domain t, on domain d).
 Variants, "<architecture>-<adaptation>":
 
 * architecture ``dense``: the GPT-2 MLP; ``apn``: every MLP replaced by a
-  :class:`~hf_clroute.methods.apn.PatchFFN` bank (``hf_clroute/configs/methods/apn.json``,
+  :class:`~hf_clroute.methods.apn.PatchFFN` bank (``hf_clroute/bench/configs/methods/apn.json``,
   ``suites.charlm-domains``), same depth and width;
-* architecture ``<apn variant>`` (a settings file ``configs/methods/<name>.json`` with
+* architecture ``<apn variant>`` (a settings file ``bench/configs/ablations/<name>.json`` with
   ``"method": "apn"``, e.g. ``apn-frozen-routing``): APN with that file's config on top of
   ``apn.json`` and its per-suite blocks, e.g. ``apn-frozen-routing-all``;
 * adaptation ``all``: every weight trains on every domain (the paper's global
@@ -23,11 +23,10 @@ data order and initial weights per seed), so only the FFN and the adaptation
 scope differ. Corpus chunks are cut into ``block_size``-character windows so
 the whole character budget is trained on (the collator keeps one window per text).
 
-Reported per variant: retention = PPL_A after B / PPL_A after A (lower is
-better; 1 = no forgetting), adaptation = PPL on each new domain right after
-training on it, parameters and forward FLOPs per token (whole model and FFN
-part), training throughput (sequences/s) and its APN/dense ratio, and for APN
-the patch overlap between domains (``patch_overlap``).
+Reported per variant: retention = PPL_A after B / PPL_A after A (lower is better; 1 = no
+forgetting), adaptation = PPL on each new domain right after training on it, parameters and
+forward FLOPs per token (whole model and FFN part), training throughput (sequences/s) and its
+APN/dense ratio, and for APN the patch overlap between domains (``patch_overlap``).
 """
 
 from __future__ import annotations
@@ -47,7 +46,8 @@ from transformers import GPT2LMHeadModel
 
 from hf_clroute.backbones.catalog import char_lm_config, get_blocks
 from hf_clroute.backbones.char_tokenizer import CharTokenizer
-from hf_clroute.baselines.finetune import FfnFinetuneConfig, FinetuneConfig
+from hf_clroute.baselines.finetune import FinetuneConfig
+from hf_clroute.baselines.finetune_ffn import FfnFinetuneConfig
 from hf_clroute.bench.harness.lr_schedule import (
     EVALUATE_ONLY,
     LRSchedule,
@@ -78,20 +78,25 @@ ADAPTATIONS = ("all", "ffn")
 
 @dataclass
 class CharLMSuite:
-    """The suite file's fields (``hf_clroute/configs/suites/charlm-domains.json``)."""
+    """The suite file's fields (``hf_clroute/bench/configs/suites/charlm-domains.json``)."""
 
-    name: str = field(metadata={"help": "Suite name; also the key of per-suite settings in hf_clroute/configs/methods/apn.json."})
+    name: str = field(
+        metadata={"help": "Suite name; also the key of per-suite settings in "
+                          "hf_clroute/bench/configs/methods/apn.json."})
     runner: str = field(metadata={"help": "This runner: 'charlm'."})
     domains: list[Any] = field(metadata={"help": (
         "Text domains in training order (A, B, C, ...). Each is a built-in source (`hf-clroute data list`), a "
         "local .txt/parquet/json/csv file, a directory of them, a Hub dataset id, or a mapping "
         "{\"train\": file, \"test\": file, \"name\": shown name, \"text_column\": column}.")})
     model: dict[str, Any] = field(metadata={"help": "char_lm_config overrides: n_layer, n_embd, n_head, dropouts."})
-    block_size: int = field(default=128, metadata={"help": "Characters per training/evaluation window (context length)."})
+    block_size: int = field(
+        default=128, metadata={"help": "Characters per training/evaluation window (context length)."})
     train_chars: int = field(default=500_000, metadata={"help": "Training characters per domain (one pass)."})
     test_chars: int = field(default=50_000, metadata={"help": "Held-out characters per domain."})
-    training: dict[str, Any] = field(default_factory=dict, metadata={"help": "TrainingConfig fields, for every variant."})
-    methods: list[str] = field(default_factory=list, metadata={"help": "Variants '<dense|apn>-<all|ffn>' run by default."})
+    training: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "TrainingConfig fields, for every variant."})
+    methods: list[str] = field(
+        default_factory=list, metadata={"help": "Variants '<dense|apn>-<all|ffn>' run by default."})
     phases: list[dict[str, Any]] = field(default_factory=list, metadata={"help": (
         "Optional, one per domain: an LRSchedule (steps, learning_rate, warmup_steps, schedule, min_lr_ratio) that "
         "domain trains under, with a fresh optimiser: e.g. domain A to convergence, B under an adaptation budget. "
@@ -124,7 +129,7 @@ class CharLMSuite:
 
 
 def is_architecture(name: str) -> bool:
-    """'dense', 'apn', or an APN settings variant (``configs/methods/<name>.json`` with ``"method": "apn"``)."""
+    """'dense', 'apn', or an APN settings variant (``bench/configs/ablations/<name>.json`` with ``"method": "apn"``)."""
     return name in ARCHITECTURES or (name.startswith("apn-") and registered_method(name) == "apn")
 
 
@@ -132,7 +137,7 @@ def parse_variant(name: str) -> tuple[str, str]:
     arch, _, adapt = name.rpartition("-")
     if not is_architecture(arch) or adapt not in ADAPTATIONS:
         raise ValueError(f"unknown charlm-domains variant {name!r}: use '<{'|'.join(ARCHITECTURES)}|apn-...>-"
-                         f"<{'|'.join(ADAPTATIONS)}>' (apn-...: an APN settings file in configs/methods)")
+                         f"<{'|'.join(ADAPTATIONS)}>' (apn-...: an APN settings file in bench/configs/ablations)")
     return arch, adapt
 
 
@@ -292,7 +297,8 @@ def make_row(model: Any, variant: str, seed: int, suite: CharLMSuite, results: l
     return row
 
 
-def run_variant(suite: CharLMSuite, variant: str, seed: int, stream: list, tokenizer: CharTokenizer, progress: bool) -> dict:
+def run_variant(suite: CharLMSuite, variant: str, seed: int, stream: list, tokenizer: CharTokenizer,
+                progress: bool) -> dict:
     """A variant over the whole stream at the training config's constant rate (a suite without phases)."""
     model = new_model(suite, variant, seed, tokenizer)
     result, wall, _ = train(model, suite, stream, tokenizer, seed, progress)
@@ -337,7 +343,8 @@ def run_phased(suite: CharLMSuite, variants: list[str], seed: int, stream: list,
         result_a, wall_a, lr_a = train(first, suite, stream[:1], tokenizer, seed, progress, schedules[:1])
         for variant in members:
             model = branch(first, suite, variant)
-            result, wall, lr_rest = train(model, suite, rest, tokenizer, seed, progress, [EVALUATE_ONLY, *schedules[1:]])
+            result, wall, lr_rest = train(model, suite, rest, tokenizer, seed, progress,
+                                          [EVALUATE_ONLY, *schedules[1:]])
             row = make_row(model, variant, seed, suite, [result_a, result], wall_a + wall)
             row["first_domain_wall_s"] = wall_a
             row["phase_lr"] = [{"steps": len(h), "first": h[0], "peak": max(h), "last": h[-1]}
@@ -359,7 +366,8 @@ def aggregate_variant(runs: list[dict]) -> dict[str, Any]:
         "initial_ppl": _stat(runs, lambda r: r["ppl_matrix"][0][0]),
         "adaptation": [_stat(runs, lambda r, t=t: r["adaptation"][t]) for t in range(T - 1)],
         "final_ppl": [_stat(runs, lambda r, d=d: r["ppl_matrix"][-1][d]) for d in range(T)],
-        **{k: _stat(runs, lambda r, k=k: r[k]) for k in ("train_samples_per_s", "train_tokens_per_s", "infer_samples_per_s", "wall_s")},
+        **{k: _stat(runs, lambda r, k=k: r[k])
+           for k in ("train_samples_per_s", "train_tokens_per_s", "infer_samples_per_s", "wall_s")},
         **{k: runs[0][k] for k in ("params", "ffn_params", "ffn_flops_per_token", "model_flops_per_token",
                                     "trainable_params", "trainable_pct")},
         "peak_mem_mb": max(r["peak_mem_mb"] for r in runs),
@@ -372,7 +380,8 @@ def aggregate_variant(runs: list[dict]) -> dict[str, Any]:
         }
     if all("patch_usage_per_domain" in r for r in runs):
         out["patch_usage_per_domain"] = [
-            {k: _stat(runs, lambda r, t=t, k=k: r["patch_usage_per_domain"][t][k]) for k in runs[0]["patch_usage_per_domain"][t]}
+            {k: _stat(runs, lambda r, t=t, k=k: r["patch_usage_per_domain"][t][k])
+             for k in runs[0]["patch_usage_per_domain"][t]}
             for t in range(T)
         ]
     return out
@@ -394,7 +403,8 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
             runs[variant].append(row)
             print(f"[{suite.name}] seed {seed} {variant}: PPL_A {row['ppl_matrix'][0][0]:.2f} -> "
                   f"{row['ppl_matrix'][1][0]:.2f} after B (retention {row['retention']:.2f}), "
-                  f"new-domain PPL {', '.join(f'{x:.2f}' for x in row['adaptation'])} ({row['wall_s']:.0f}s)", flush=True)
+                  f"new-domain PPL {', '.join(f'{x:.2f}' for x in row['adaptation'])} ({row['wall_s']:.0f}s)",
+                  flush=True)
     config = {k: v for k, v in dataclasses.asdict(suite).items() if k not in ("quick", "bases")}
     config["domain_names"] = [domain_name(d) for d in suite.domains]
     config["apn"] = apn_settings(suite)
@@ -410,7 +420,8 @@ def write_results(header: dict, runs: dict[str, list[dict]], out: Path) -> dict:
     methods = {v: aggregate_variant(r) for v, r in runs.items()}
     results = {**header, "kind": "charlm", "methods": methods}
     results["throughput_ratio"] = {
-        adapt: methods[f"apn-{adapt}"]["train_samples_per_s"]["mean"] / methods[f"dense-{adapt}"]["train_samples_per_s"]["mean"]
+        adapt: methods[f"apn-{adapt}"]["train_samples_per_s"]["mean"]
+        / methods[f"dense-{adapt}"]["train_samples_per_s"]["mean"]
         for adapt in ADAPTATIONS
         if f"apn-{adapt}" in methods and f"dense-{adapt}" in methods
     }
@@ -431,22 +442,27 @@ def results_markdown(results: dict) -> str:
     passes = "one pass" if epochs == 1 else f"{epochs} passes (epochs)"
     if cfg.get("phases"):  # each domain trains for its own steps under its own schedule
         batch = cfg.get("training", {}).get("batch_size", TrainingConfig.batch_size)
+
+        def floor(p: dict[str, Any]) -> str:
+            return f" to {p.get('min_lr_ratio', 0.1):g} x peak" if p.get("schedule", "cosine") == "cosine" else ""
+
         passes = "; ".join(
             f"{d}: {p['steps']} steps of {batch} windows at peak rate {p['learning_rate']:g} "
-            f"({p.get('warmup_steps', 0)} warm-up, then {p.get('schedule', 'cosine')}"
-            f"{' to ' + format(p.get('min_lr_ratio', 0.1), 'g') + ' x peak' if p.get('schedule', 'cosine') == 'cosine' else ''})"
+            f"({p.get('warmup_steps', 0)} warm-up, then {p.get('schedule', 'cosine')}{floor(p)})"
             for d, p in zip(domains, cfg["phases"])) + ", a fresh AdamW per domain; windows cut from"
     lines = [
         f"# {results['suite']} (seeds {', '.join(map(str, results['seeds']))}{', quick' if results['quick'] else ''})",
         "",
         f"Char-level GPT-2 ({model}, context {cfg['block_size']}) trained from scratch on "
-        f"{' -> '.join(domains)}, {passes} {'' if cfg.get('phases') else 'over '}{cfg['train_chars']:,} characters per domain; perplexity on "
+        f"{' -> '.join(domains)}, {passes} {'' if cfg.get('phases') else 'over '}{cfg['train_chars']:,} characters "
+        "per domain; perplexity on "
         f"{cfg['test_chars']:,} held-out characters per domain. APN: {json.dumps(cfg['apn'], sort_keys=True)}. "
         "Mean ± std over seeds. Retention = PPL_A after B / PPL_A after A (1 = no forgetting). "
         "Adaptation = PPL on a domain right after training on it. `all`: every weight trains on every domain; "
         "`ffn`: after the first domain only the FFNs (dense) / patch banks (APN) train.",
-        *([""] + [f"`{a}`: APN with {json.dumps({k: v for k, v in s.items() if cfg['apn'].get(k) != v}, sort_keys=True)} "
-                  f"(configs/methods/{a}.json)." for a, s in cfg["apn_variants"].items()]
+        *([""] + [f"`{a}`: APN with "
+                  f"{json.dumps({k: v for k, v in s.items() if cfg['apn'].get(k) != v}, sort_keys=True)} "
+                  f"(bench/configs/ablations/{a}.json)." for a, s in cfg["apn_variants"].items()]
           if cfg.get("apn_variants") else []),
         "",
         f"| variant | PPL A after A | PPL A after B | retention A (B) | PPL B after B | PPL C after C | "
@@ -470,9 +486,11 @@ def results_markdown(results: dict) -> str:
     if cfg.get("apn_variants"):
         lines += ["", *summary_table(results, domains)]
     for name, m in results["methods"].items():
-        lines += ["", f"**{name}** perplexity matrix (row: after training on; column: evaluated on {', '.join(domains)}):", ""]
+        lines += ["", f"**{name}** perplexity matrix (row: after training on; column: evaluated on "
+                      f"{', '.join(domains)}):", ""]
         lines += ["| after \\ on | " + " | ".join(domains) + " |", "|---" * (len(domains) + 1) + "|"]
-        lines += [f"| {domains[t]} | " + " | ".join(f"{x:.2f}" for x in row) + " |" for t, row in enumerate(m["ppl_matrix"])]
+        lines += [f"| {domains[t]} | " + " | ".join(f"{x:.2f}" for x in row) + " |"
+                  for t, row in enumerate(m["ppl_matrix"])]
         if "patch_overlap" in m:
             lines += ["", f"{name} patch overlap between domains (weighted Jaccard of usage / Jaccard of the patches "
                       "covering 80% of assignments; mean over layers and seeds):", "",

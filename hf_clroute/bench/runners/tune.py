@@ -2,52 +2,31 @@
 
 One search rule for every method, so no method wins by a larger search:
 
-* **The same budget.** Every method runs exactly ``BUDGET`` (12) configurations before
-  extension. A gradient-trained method searches the learning rates ``LEARNING_RATES``
-  times exactly ``BUDGET / len(LEARNING_RATES)`` (4) points of at most ``MAX_KNOBS`` (2)
-  knobs of its own (``"search"`` in its settings file); one with no knob of its own
-  searches the weight decays ``WEIGHT_DECAYS``. A method with nothing to train searches
-  12 points of its own knobs; one with no knob at all (NCM) has one configuration.
-* **Edges extend, neighbours are checked.** A numeric pick on the edge of its axis (the
-  learning rate, or a knob such as ``k`` or ``head_options.ridge_lambda``) extends that axis
-  one geometric step past the edge (the ratio of the edge to its neighbour; the other axes at
-  the pick) and runs it. A pick whose neighbour on an axis (the nearest value tried on either
-  side) never ran at the pick's other values, as after an extension moved it off the grid's
+* **The same budget.** Every method runs exactly ``BUDGET`` (12) configurations before extension. A gradient-trained
+  method searches the learning rates ``LEARNING_RATES`` times exactly ``BUDGET / len(LEARNING_RATES)`` (4) points of
+  at most ``MAX_KNOBS`` (2) knobs of its own (``"search"`` in its settings file); one with no knob of its own
+  searches the weight decays ``WEIGHT_DECAYS``. A method with nothing to train searches 12 points of its own knobs;
+  one with no knob at all (NCM) has one configuration.
+* **Edges extend, neighbours are checked.** A numeric pick on the edge of its axis (the learning rate, or a knob
+  such as ``k`` or ``head_options.ridge_lambda``) extends that axis one geometric step past the edge (the ratio of
+  the edge to its neighbour; the other axes at the pick) and runs it. A pick whose neighbour on an axis (the nearest
+  value tried on either side) never ran at the pick's other values, as after an extension moved it off the grid's
   lines, runs that neighbour (a *check*). Up to ``MAX_EXTENSIONS`` (3) such runs per method
-  (:mod:`hf_clroute.bench.harness.grid_search`). A pick still on an edge or with an unrun neighbour
-  after that, or at the end of its axis's valid range, is flagged (``"edge": true`` and which
-  axis); the tables mark it. Such a pick is not a pick: ``resume``
-  (``--resume``) continues that search with a higher ``max_extensions`` from the best point it
-  recorded (its extensions stand, with their scores, and count towards the limit), so only the
-  new runs train (the recorded scores stand as they were measured; a re-run under later code can
-  differ by a point on a seed). Every method gets the same rule; the limit
-  each search ran under is recorded with it.
+  (:mod:`hf_clroute.bench.harness.grid_search`). A pick still on an edge or with an unrun neighbour after that, or
+  at the end of its axis's valid range, is flagged (``"edge": true`` and which axis); the tables mark it. Such a
+  pick is not a pick: ``resume`` (``--resume``) continues that search with a higher ``max_extensions`` from the best
+  point it recorded (its extensions stand, with their scores, and count towards the limit), so only the new runs
+  train (the recorded scores stand as they were measured; a re-run under later code can differ on a seed). Every
+  method gets the same rule; the limit each search ran under is recorded with it.
 
-``"search"`` is either axes whose product gives the points (``{"config.k": [1, 5]}``) or
-explicit points (``{"points": [{"config.a": 1, "config.b": "x"}, ...]}``); a dict value
-(``"config.head_options": [{...}]``) or a dotted key (``"config.head_options.shrinkage"``)
-sets fields inside a dict field, over the method's own value for the suite. Each
-configuration runs the suite's stream with every test split replaced by the validation
-split carved from the training data (``validation_per_class``), one seed (``seed``,
-default 0); the best validation A_T is picked (ties: the first run). ``selection.json``
-records the grid, every score, every extension and the pick; ``hf-clroute bench
---selection`` trains with the picks and copies the record into results.json.
-
-**Epochs share a run where they can.** A method whose e-epoch run is exactly the first e epochs
-of its E-epoch run (``ContinualMethod.epochs_share_prefix``: joint training's final form, which
-trains once on one stream read E times in the same order) scores the grid points that differ only
-in ``training.epochs`` from one run at the largest of them, evaluated on validation at each smaller
-epoch count's last step (an anytime evaluation), when every epoch ends on a whole batch. The scores
-are those of separate runs (up to float summation order; tests/test_tune.py), at the cost of the
-longest one; ``"shared_epochs"`` in the record lists those runs.
-
-**A stopped search loses nothing.** Each configuration's score is written to
-``tune-progress.json`` beside selection.json as soon as it is measured (atomically). A tune of
-the same method, suite, seed, grid and precision setting into the same ``--out`` reads those
-scores instead of running them again, and says how many it read (``"progress_read"`` in the
-record), so a search longer than one sitting (wordnet's whole-model rows on a CPU) finishes over
-several. A method's entry is removed once its pick is in selection.json (``--resume`` continues
-from there), so a later search after a code change measures afresh.
+``"search"`` is either axes whose product gives the points (``{"config.k": [1, 5]}``) or explicit points
+(``{"points": [{"config.a": 1, "config.b": "x"}, ...]}``); a dict value (``"config.head_options": [{...}]``) or a
+dotted key (``"config.head_options.shrinkage"``) sets fields inside a dict field, over the method's own value for
+the suite. Each configuration runs the suite's stream with every test split replaced by the validation split carved
+from the training data (``validation_per_class``), one seed (``seed``, default 0); the best validation A_T is picked
+(ties: the first run). ``selection.json`` records the grid, every score, every extension and the pick; ``hf-clroute
+bench --selection`` trains with the picks and copies the record into results.json. Epochs share a run where they can
+(:func:`epoch_siblings`), and a stopped search loses nothing (:class:`SearchProgress`).
 """
 
 from __future__ import annotations
@@ -74,6 +53,7 @@ from hf_clroute.bench.harness.suites import (
 )
 from hf_clroute.bench.runners.classification import run_method, summarize_result
 from hf_clroute.core.model import get_cl_model
+from hf_clroute.core.registry import method_key
 from hf_clroute.data.collate import decode_stream_if_small
 from hf_clroute.data.experiences import validation_stream
 from hf_clroute.hub.io import atomic_write_text
@@ -163,7 +143,16 @@ EPOCHS = "training.epochs"
 
 def epoch_siblings(point: Point, grid: list[Point], done: dict[str, float]) -> list[int]:
     """The epochs, ascending, of ``point`` and of the grid points that differ from it only in
-    ``training.epochs`` and have no score yet (``done``, by point); [] when ``point`` sets no epochs."""
+    ``training.epochs`` and have no score yet (``done``, by point); [] when ``point`` sets no epochs.
+
+    Epochs share a run where they can. A method whose e-epoch run is exactly the first e epochs
+    of its E-epoch run (``ContinualMethod.epochs_share_prefix``: joint training's final form, which
+    trains once on one stream read E times in the same order) scores the grid points that differ only
+    in ``training.epochs`` from one run at the largest of them, evaluated on validation at each smaller
+    epoch count's last step (an anytime evaluation), when every epoch ends on a whole batch. The scores
+    are those of separate runs (up to float summation order; tests/test_tune.py), at the cost of the
+    longest one; ``"shared_epochs"`` in the record lists those runs.
+    """
     if EPOCHS not in point:
         return []
     rest = {k: v for k, v in point.items() if k != EPOCHS}
@@ -174,16 +163,19 @@ def epoch_siblings(point: Point, grid: list[Point], done: dict[str, float]) -> l
 def recorded_search(resume: Path, suite: str, method: str, grid: list[Point], seed: int,
                     precision: str, explicit: bool) -> tuple[dict[str, float], list[dict[str, Any]]]:
     """The validation A_T of every point an earlier search of ``method`` ran (``resume``: its selection.json),
-    by point, and the extensions it recorded (the resumed search starts from them). Only the same search can be resumed: the same suite, seed, grid and precision setting. A
-    record made before tune recorded its setting is resumed only with one given explicitly
+    by point, and the extensions it recorded (the resumed search starts from them). Only the same search can be
+    resumed: the same suite, seed, grid and precision setting. A record made before tune recorded its setting is
+    resumed only with one given explicitly
     (``explicit``: ``--precision``), the one its runs used; its bench rows' results.json say which."""
     previous = json.loads(Path(resume).read_text())
-    record = previous.get("methods", {}).get(method)
+    picks = previous.get("methods", {})
+    record = picks.get(method_key(picks, method) or method)
     where = f"--resume {resume}"
     if previous.get("suite") != suite:
         raise ValueError(f"{where}: tuned on suite {previous.get('suite')!r}, not {suite!r}")
     if record is None:
-        raise ValueError(f"{where}: no search of method {method!r} to resume (it has {sorted(previous.get('methods', {}))})")
+        raise ValueError(f"{where}: no search of method {method!r} to resume "
+                         f"(it has {sorted(previous.get('methods', {}))})")
     if record.get("seed") != seed or record.get("grid") != grid:
         raise ValueError(f"{where}: method {method!r} was searched with seed {record.get('seed')} over another grid "
                          f"or seed than this one (seed {seed}); tune it afresh")
@@ -204,7 +196,16 @@ PROGRESS_FILE = "tune-progress.json"
 
 class SearchProgress:
     """The scores measured so far by unfinished searches in ``out``, one entry per method, each
-    valid only for the suite, seed, grid and precision setting it was measured with."""
+    valid only for the suite, seed, grid and precision setting it was measured with.
+
+    A stopped search loses nothing. Each configuration's score is written to
+    ``tune-progress.json`` beside selection.json as soon as it is measured (atomically). A tune of
+    the same method, suite, seed, grid and precision setting into the same ``--out`` reads those
+    scores instead of running them again, and says how many it read (``"progress_read"`` in the
+    record), so a search longer than one sitting (wordnet's whole-model rows on a CPU) finishes over
+    several. A method's entry is removed once its pick is in selection.json (``--resume`` continues
+    from there), so a later search after a code change measures afresh.
+    """
 
     def __init__(self, out: Path) -> None:
         self.path = out / PROGRESS_FILE
@@ -305,7 +306,8 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
                 shared.append({"point": longest, "read_at_epochs": epochs[:-1]})
             for e, a_t in scores.items():
                 scored = {**point, EPOCHS: e} if len(epochs) > 1 else point
-                how = f", read at epoch {e} of the {epochs[-1]}-epoch run" if len(epochs) > 1 and e != epochs[-1] else ""
+                read_off = len(epochs) > 1 and e != epochs[-1]
+                how = f", read at epoch {e} of the {epochs[-1]}-epoch run" if read_off else ""
                 print(f"[tune {suite.name}] {method} {scored}: validation A_T {a_t:.4f} ({seconds:.0f}s{how})",
                       flush=True)
                 progress_file.record(method, suite.name, seed, grid, precision, scored, a_t)
@@ -325,7 +327,9 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
                           "precision": precision,
                           **({"progress_read": progress_read} if progress_read else {}),
                           **({"shared_epochs": shared} if shared else {}),
-                          **({"resumed": {"from": str(resume), "runs_read": len(reused) + sum(e["point"] not in grid for e in earlier)}} if resume else {})}
+                          **({"resumed": {"from": str(resume),
+                                          "runs_read": len(reused) + sum(e["point"] not in grid for e in earlier)}}
+                             if resume else {})}
     selection = {"suite": suite.name, "methods": record, "learning_rates": list(LEARNING_RATES),
                  "weight_decays": list(WEIGHT_DECAYS), "budget": BUDGET, "max_extensions": MAX_EXTENSIONS,
                  "commands": [command] if command else []}

@@ -1,0 +1,1 @@
+"""Studies beside the main tables: headroom, the reproduction table, roofline, threads."""

@@ -5,8 +5,9 @@ suite's own stream for that seed, its validation split carved as for ``hf-clrout
 tune``) is ONE joint task. Each adapter trains on it offline with a linear head, on the
 engine (:class:`~hf_clroute.engine.ContinualTrainer` over a one-experience stream), its
 epochs and learning rate chosen on the validation split from one grid shared by every
-adapter, edge picks extended by the search rule of ``hf-clroute tune``; then it is frozen, and the same readouts are fitted on its features and on the
-frozen backbone's features (computed once per seed), every feature pass in eval mode:
+adapter, edge picks extended by the search rule of ``hf-clroute tune``; then it is frozen,
+and the same readouts are fitted on its features and on the frozen backbone's features
+(computed once per seed), every feature pass in eval mode:
 
 * ``slda``: streaming LDA (``heads.lda``), its shrinkage chosen on validation;
 * ``ranpac``: RanPAC's random projection + ridge (``heads.ranpac``), lambda in units of trace(G)/M
@@ -81,7 +82,8 @@ class HeadroomSuite:
     name: str = field(metadata={"help": "Study name, used in results."})
     runner: str = field(metadata={"help": "This runner: 'headroom'."})
     suite: str = field(metadata={"help": "The classification suite whose stream (all tasks joined) is studied."})
-    adapters: list[str] = field(metadata={"help": "Adapters run by default: method settings names or keys of adapter_settings."})
+    adapters: list[str] = field(
+        metadata={"help": "Adapters run by default: method settings names or keys of adapter_settings."})
     adapter_settings: dict[str, dict[str, Any]] = field(
         default_factory=dict,
         metadata={"help": "Adapter name -> {'method': settings file or registered method, 'config': adapter config "
@@ -163,7 +165,8 @@ def joint_experience(stream: list[Experience], seed: int) -> Experience:
 
 
 @torch.no_grad()
-def feature_splits(model: CLModel, experience: Experience, collator: Callable) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def feature_splits(model: CLModel, experience: Experience,
+                   collator: Callable) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """(features, labels) of the train, validation and test splits as ``model``'s classifier reads
     them, every pass in eval mode (``model_features`` switches the whole model, backbone included)."""
     return {split: model_features(model, data, collator) for split, data in experience.splits().items()}
@@ -171,7 +174,8 @@ def feature_splits(model: CLModel, experience: Experience, collator: Callable) -
 
 def cached_splits(experience: Experience) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """The same, read from an experience of cached frozen features (``feature_cache``)."""
-    return {split: (torch.as_tensor(np.asarray(data["features"])).float(), torch.as_tensor(np.asarray(data["label"])).long())
+    return {split: (torch.as_tensor(np.asarray(data["features"])).float(),
+                    torch.as_tensor(np.asarray(data["label"])).long())
             for split, data in experience.splits().items()}
 
 
@@ -277,7 +281,8 @@ def adapt(headroom: HeadroomSuite, suite: SuiteConfig, name: str, seed: int, joi
     point with more epochs than any run so far trains that rate again for them, and a pick with fewer
     epochs than its rate's last run is trained again for exactly that many (same seed, same data order)."""
     scoring = validation_stream([joint])
-    runs: dict[float, tuple[CLModel, list[float]]] = {}  # learning rate -> (its last model, validation after each epoch)
+    # learning rate -> (its last model, validation after each epoch)
+    runs: dict[float, tuple[CLModel, list[float]]] = {}
 
     def train(lr: float, epochs: int) -> None:
         model, training = build_adapter(headroom, suite, name, seed, lr, epochs)
@@ -356,7 +361,8 @@ def run(name_or_path: str, *, methods: list[str] | None, seeds: list[int], quick
                          "(validation_per_class), on which the adapters' epochs and rates are chosen")
     adapters = list(methods or headroom.adapters)
     for name in adapters:  # every adapter resolves before anything trains
-        resolve_run(suite, headroom.adapter(name)["method"], seeds[0], config_overrides=headroom.adapter(name)["config"])
+        adapter = headroom.adapter(name)
+        resolve_run(suite, adapter["method"], seeds[0], config_overrides=adapter["config"])
     runs: dict[str, list[dict]] = {a: [] for a in adapters}
     frozen_rows = []
     for seed in seeds:

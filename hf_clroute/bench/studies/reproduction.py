@@ -44,11 +44,14 @@ COMMANDS = (
     "scripts/mars_ablations.sh validate && scripts/mars_ablations.sh rows && scripts/mars_ablations.sh paired",
     "SEEDS='0 1 2 3 4' scripts/apn_repro.sh   # char-level Shakespeare, then KJV: dense vs APN, 5 seeds",
     "SUITE=charlm-shakespeare-kjv-long scripts/apn_repro.sh   # the same, ten times longer (converged), 3 seeds",
-    "SEEDS='0 1 2 3 4' scripts/qoa_plasticity.sh   # 7x7 permuted MNIST, 120 tasks: backprop, continual backprop, QOA",
-    "SEEDS='0 1 2 3 4' METHODS=qoa-s1000 scripts/qoa_plasticity.sh   # QOA at the paper's support of 1000, same streams",
+    ("SEEDS='0 1 2 3 4' scripts/qoa_plasticity.sh   # 7x7 permuted MNIST, 120 tasks: backprop, continual "
+     "backprop, QOA"),
+    ("SEEDS='0 1 2 3 4' METHODS=qoa-s1000 scripts/qoa_plasticity.sh   # QOA at the paper's support of 1000, "
+     "same streams"),
     "scripts/reproduce_tables.sh     # drifting-regression, permuted-mnist, split-mnist-buffer (3 seeds)",
     "scripts/main_tables.sh all      # the main tables: the ER and EWC rows MaRS is set against",
-    "python training/prompt_share.py --out results/prompt-share.json   # RwF's and the prompt methods' parameter shares",
+    ("python training/prompt_share.py --out results/prompt-share.json   # RwF's and the prompt methods' "
+     "parameter shares"),
     "scripts/room_suite.sh           # Split-MNIST-R: its backbone and its headroom study",
     "SEEDS=0,1,2 scripts/main_tables.sh counts   # wordnet in 5/10/20/40 tasks: RwF, its control, streaming LDA",
     "hf-clroute report               # this page",
@@ -220,7 +223,8 @@ def _paired_cell(paired: dict | None, ratio: float | None) -> str:
     p = "n/a" if paired["p"] is None else ("< 0.001" if paired["p"] < 0.001 else f"{paired['p']:.3f}")
     # "better"/"worse" would read against claims where lower wins (perplexity, a drop), so the cell says a > b.
     verdict = _RELATION.get(paired["verdict"], paired["verdict"])
-    cell = f"{paired['mean']:+.2f} ± {paired['std']:.2f} (a > b on {paired['wins']}/{paired['n']} seeds, p {p}: {verdict})"
+    cell = (f"{paired['mean']:+.2f} ± {paired['std']:.2f} "
+            f"(a > b on {paired['wins']}/{paired['n']} seeds, p {p}: {verdict})")
     return cell + (f"; ratio {ratio:.2f}x" if ratio is not None else "")
 
 
@@ -234,7 +238,8 @@ def reproduction_table(results_root: Path) -> str:
         f"Claims and their settings: `{CLAIMS_FILE.as_posix()}` under the results folder; our figures, paired "
         "verdicts and statuses are computed from the committed results (`hf_clroute/bench/studies/reproduction.py`). "
         "Our figure: a and b, mean ± std over seeds; paired: a - b per seed, paired t (p < 0.05), the seeds where "
-        "a > b, and the relation the test finds (a claim that lower wins, such as a perplexity or a drop, wants a < b).\n",
+        "a > b, and the relation the test finds (a claim that lower wins, such as a perplexity or a drop, "
+        "wants a < b).\n",
         "```bash\n" + "\n".join(COMMANDS) + "\n```\n",
         "| paper | claim | paper's figure | our setting | ours: a / b | paired a - b | status |",
         "|---|---|---|---|---|---|---|",

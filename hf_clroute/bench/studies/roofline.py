@@ -15,7 +15,8 @@ thread (``--threads``) unless told otherwise:
   ``2/3 M^3 + 2 M^2 K``), so achieved FLOP/s = FLOPs / median time, set against the peak of the
   dtype the work ran in.
 
-The JSON's ``precision`` block is what :data:`hf_clroute.backbones.precision.MEASURED` is copied from. The
+The JSON's ``precision`` block is what ``hf_clroute/backbones/bf16_speedups.json`` (the table
+:data:`hf_clroute.backbones.precision.MEASURED` reads) is copied from. The
 machine's load average is recorded at the start and the end: CPU time still rises under load (shared
 caches and memory bandwidth), so on a shared machine the ratios within a pair mean more than the rates.
 """
@@ -102,7 +103,8 @@ def train_step_fn(model: nn.Module, batch: int, tokens: int, classes: int = 10):
     spec, inputs = get_backbone_spec(model), backbone_inputs(model, batch, tokens)
     head = nn.Linear(spec.hidden_size(model), classes)
     params = [*model.parameters(), *head.parameters()]
-    optimizers = {None: torch.optim.AdamW(params, lr=1e-5), torch.bfloat16: torch.optim.AdamW(params, lr=1e-5, fused=True)}
+    optimizers = {None: torch.optim.AdamW(params, lr=1e-5),
+                  torch.bfloat16: torch.optim.AdamW(params, lr=1e-5, fused=True)}
     labels = torch.arange(batch) % classes
     model.train()
 
@@ -139,7 +141,8 @@ def head_fns(kind: str, dim: int, classes: int, batch: int) -> tuple[Callable, C
     head.accumulate(torch.randn(4 * classes, dim, generator=gen), torch.arange(4 * classes) % classes)
     head.sync()
     m = getattr(head, "projection_dim", dim)
-    return (lambda: head.accumulate(x, y)), (lambda: (head.accumulate(x, y), head.sync())), int(2 / 3 * m**3 + 2 * m * m * classes)
+    solve_flops = int(2 / 3 * m**3 + 2 * m * m * classes)
+    return (lambda: head.accumulate(x, y)), (lambda: (head.accumulate(x, y), head.sync())), solve_flops
 
 
 # ---- the benchmark --------------------------------------------------------------------------------
@@ -190,8 +193,8 @@ def head_rows(args: argparse.Namespace) -> list[dict[str, Any]]:
                          "median_s": {"fp64": statistics.median(seconds)},
                          "gflops": {"fp64": flops / statistics.median(seconds) / 1e9},
                          "samples_per_s": {"fp64": args.head_batch / statistics.median(seconds)}})
-            print(f"{rows[-1]['workload']:<28} batch {args.head_batch:>4}  fp64 {rows[-1]['gflops']['fp64']:7.1f} GFLOP/s",
-                  flush=True)
+            print(f"{rows[-1]['workload']:<28} batch {args.head_batch:>4}  "
+                  f"fp64 {rows[-1]['gflops']['fp64']:7.1f} GFLOP/s", flush=True)
     return rows
 
 
@@ -240,7 +243,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--matmul-repeats", type=int, default=20, help="the peak is the best of this many")
     parser.add_argument("--pairs", type=int, default=5, help="interleaved fp32/bf16 blocks per workload")
     parser.add_argument("--calls", type=int, default=10, help="most calls per block")
-    parser.add_argument("--seconds-per-block", type=float, default=0.5, help="rough block length (FLOP budget at 40 GFLOP/s)")
+    parser.add_argument("--seconds-per-block", type=float, default=0.5,
+                        help="rough block length (FLOP budget at 40 GFLOP/s)")
     parser.add_argument("--tokens", type=int, default=24, help="MiniLM sequence length (wordnet's max_length)")
     parser.add_argument("--vit-train-batches", type=_ints, default=[10, 256])
     parser.add_argument("--vit-infer-batches", type=_ints, default=[10, 64, 256])
@@ -261,12 +265,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         row["fraction_of_peak"] = {k: v / peaks[k] for k, v in row["gflops"].items()}
     hardware = bf16_hardware("cpu")
     report = {
-        "command": "python -m hf_clroute.bench.studies.roofline " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+        "command": "python -m hf_clroute.bench.studies.roofline "
+                   + " ".join(argv if argv is not None else os.sys.argv[1:]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": round(time.time() - started, 1),
         "machine": {"cpu": platform.processor() or platform.machine(), "usable_cores": len(os.sched_getaffinity(0)),
                     "torch": torch.__version__, "threads": torch.get_num_threads(), "bf16_hardware": hardware},
         "load_average": {"start": load_start, "end": os.getloadavg()},
-        "settings": vars(args), "clock": "process CPU time (time.process_time)", "matmul_peak_gflops": peaks, "workloads": rows, "precision": precision_table(rows),
+        "settings": vars(args), "clock": "process CPU time (time.process_time)", "matmul_peak_gflops": peaks,
+        "workloads": rows, "precision": precision_table(rows),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1, default=str) + "\n")

@@ -1,5 +1,5 @@
 """APN: Attractor Patch Networks (routed low-rank patch FFN). Its dense FFN-only counterpart is the
-``finetune-ffn`` baseline (``hf_clroute.baselines.finetune``)."""
+``finetune-ffn`` baseline (``hf_clroute.baselines.finetune_ffn``)."""
 
 from hf_clroute.core.registry import register_method
 from hf_clroute.methods.apn.config import ApnConfig

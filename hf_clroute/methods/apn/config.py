@@ -14,9 +14,9 @@ CODE_ENCODERS = ("shared", "per_patch")
 
 @dataclass
 class ApnConfig(CLConfig):
-    """Routed low-rank patch FFN (SPEC section 5, APN); defaults are the paper's."""
+    """Routed low-rank patch FFN (APN); defaults are the paper's."""
 
-    method = "apn"
+    method: ClassVar[str] = "apn"
 
     num_patches: int = field(default=256, metadata={"help": "K: number of patches (and routing prototypes) per block."})
     top_k: int = field(default=4, metadata={"help": "Patches each token is routed to (softmax over these only)."})
@@ -35,7 +35,8 @@ class ApnConfig(CLConfig):
         },
     )
     target_blocks: list[int] | None = field(
-        default=None, metadata={"help": "Indices of the blocks that get patches (negative counts from the end); None = all."}
+        default=None,
+        metadata={"help": "Indices of the blocks that get patches (negative counts from the end); None = all."},
     )
     adapt_params: str = field(
         default="all",
@@ -89,7 +90,8 @@ class ApnConfig(CLConfig):
         self._check_fraction("dropout")
         if not isinstance(self.freeze_routing_after_first_task, bool):
             raise ValueError(
-                f"ApnConfig.freeze_routing_after_first_task must be true or false, got {self.freeze_routing_after_first_task!r}"
+                "ApnConfig.freeze_routing_after_first_task must be true or false, "
+                f"got {self.freeze_routing_after_first_task!r}"
             )
         if self.code_encoder not in CODE_ENCODERS:
             raise ValueError(f"ApnConfig.code_encoder must be one of {CODE_ENCODERS}, got {self.code_encoder!r}")
@@ -103,4 +105,5 @@ class ApnConfig(CLConfig):
         if self.target_blocks is not None and (
             not isinstance(self.target_blocks, list) or not all(isinstance(b, int) for b in self.target_blocks)
         ):
-            raise ValueError(f"ApnConfig.target_blocks must be a list of block indices or None, got {self.target_blocks!r}")
+            raise ValueError(
+                f"ApnConfig.target_blocks must be a list of block indices or None, got {self.target_blocks!r}")

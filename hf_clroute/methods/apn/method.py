@@ -25,14 +25,14 @@ import torch
 from torch import nn
 
 from hf_clroute.backbones.catalog import get_blocks
-from hf_clroute.methods.apn.config import ApnConfig
-from hf_clroute.methods.apn.patch_ffn import AdapterFFN, PatchFFN, PostNormAdapterOutput
-from hf_clroute.methods.base import (
+from hf_clroute.core.method import (
     ContinualMethod,
     StepContext,
     freeze_all_but,
     unfreeze,
 )
+from hf_clroute.methods.apn.config import ApnConfig
+from hf_clroute.methods.apn.patch_ffn import AdapterFFN, PatchFFN, PostNormAdapterOutput
 
 if TYPE_CHECKING:  # pragma: no cover
     from hf_clroute.core.model import CLModel

@@ -22,15 +22,8 @@ evaluation and no per-token copy of the decoders), and its backward writes
 gradient only into those rows, so an unchosen patch gets exactly zero gradient
 from the token.
 
-The load-balancing term is Switch-Transformer style, shifted to be zero at
-balance: K * sum_i f_i P_i - 1, f_i = fraction of the top-k assignments that
-went to patch i (not differentiable), P_i = mean full-softmax routing
-probability (differentiable). When usage is uniform (f_i = 1/K) it is exactly
-sum_i P_i - 1 = 0 whatever P is. With ``balance_horizon`` N > 1, f is instead a
-bias-corrected exponential moving average (decay 1 - 1/N) of the batches' assignment
-fractions, kept across steps and tasks (buffers ``usage_ema``, ``usage_ema_steps``):
-balance is then asked of the usage over the last ~N steps, not of each batch, so a run
-of single-domain batches is not pushed to spread over every patch.
+A Switch-Transformer-style load-balancing term, zero at balance, spreads the tokens over the
+patches (:meth:`PatchFFN.load_balance_loss`).
 
 In eval mode the modules here change no state (the usage statistics move only in train mode), so once
 frozen they are fixed functions of their input (``FixedInEval``): the engine may keep their features.
@@ -162,6 +155,17 @@ class PatchFFN(FixedInEval, nn.Module):
         return corrected.to(fraction.dtype)
 
     def load_balance_loss(self, top_idx: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """The load-balancing term, Switch-Transformer style, shifted to be zero at balance.
+
+        K * sum_i f_i P_i - 1, f_i = fraction of the top-k assignments that went to patch i
+        (not differentiable), P_i = mean full-softmax routing probability (differentiable).
+        When usage is uniform (f_i = 1/K) it is exactly sum_i P_i - 1 = 0 whatever P is. With
+        ``balance_horizon`` N > 1, f is instead a bias-corrected exponential moving average
+        (decay 1 - 1/N) of the batches' assignment fractions, kept across steps and tasks
+        (buffers ``usage_ema``, ``usage_ema_steps``): balance is then asked of the usage over the
+        last ~N steps, not of each batch, so a run of single-domain batches is not pushed to
+        spread over every patch.
+        """
         counts = torch.bincount(top_idx.flatten(), minlength=self.num_patches).to(scores.dtype)
         fraction = self.balance_usage(counts / counts.sum())
         mean_prob = scores.softmax(dim=-1).mean(dim=0)
@@ -185,7 +189,8 @@ class PatchFFN(FixedInEval, nn.Module):
         return (self.gamma * self.dropout(delta)).reshape(shape)
 
     def flops_per_token(self) -> int:
-        """Multiply-adds x 2 of one token's forward: routing, code (one, or one per chosen patch), k gates, k decoders."""
+        """Multiply-adds x 2 of one token's forward: routing, code (one, or one per chosen patch), k gates,
+        k decoders."""
         d, r, k, K = self.hidden_size, self.rank, self.top_k, self.num_patches
         codes = 1 if self.code_encoder == "shared" else k
         return 2 * (K * d + codes * d * r + k * r * d) + 4 * k * r

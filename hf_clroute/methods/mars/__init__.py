@@ -16,6 +16,7 @@ from hf_clroute.methods.mars.slot_statistics import AnchorBank, SlotStatistics
 register_method(MarsConfig, Mars)
 
 __all__ = [
-    "AnchorBank", "ClassStatistics", "ExpansionTest", "ExpansionTiming", "Mars", "MarsConfig", "SlotCapacityError", "SlotMemory",
+    "AnchorBank", "ClassStatistics", "ExpansionTest", "ExpansionTiming", "Mars", "MarsConfig", "SlotCapacityError",
+    "SlotMemory",
     "SlotStatistics", "expansion_timing", "wilson_lower_bound",
 ]

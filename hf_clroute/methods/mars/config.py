@@ -10,7 +10,7 @@ MaRS trains through the shared linear head (``head='linear'``, the default). A s
 first-session adaptation (``adaptation``): the memory trains before the stream with a temporary
 linear head, then stays frozen while the statistics head reads its output h~.
 
-Issue 32's options, each read against the paper's theory (the mars row sets the values chosen on
+The options added to read the paper's theory more closely (the mars row sets the values chosen on
 validation; the dataclass defaults keep the first literal reading, row mars-paper):
 ``full_output_consistency`` (Theorem 2 bounds the old classes' accuracy only if the anchors' whole
 prediction stays consistent), ``anchor_memory`` (anchors that keep representing old data),
@@ -36,7 +36,7 @@ from hf_clroute.core.config import CLConfig
 
 @dataclass
 class MarsConfig(CLConfig):
-    method = "mars"
+    method: ClassVar[str] = "mars"
 
     # ---- slot memory ------------------------------------------------------------
     num_slots: int = field(default=32, metadata={"help": "S_0: slots the memory starts with (the paper's 32)."})
@@ -321,7 +321,8 @@ class MarsConfig(CLConfig):
         # and froze. (CLConfig already refuses adaptation with the linear head.)
         if self.head != "linear" and self.adaptation is None:
             raise ValueError(
-                f"MarsConfig.head={self.head!r} needs MarsConfig.adaptation (e.g. {{'on': 'first_task', 'epochs': 5}}): "
+                f"MarsConfig.head={self.head!r} needs MarsConfig.adaptation "
+                "(e.g. {'on': 'first_task', 'epochs': 5}): "
                 "MaRS's DCDA trains the memory through the linear head, so a statistics head reads only a memory "
                 "trained by first-session adaptation and frozen after it; otherwise leave head='linear'"
             )
@@ -356,7 +357,8 @@ class MarsConfig(CLConfig):
         if self.rehearse_memory and self.anchors != "class_gaussian":
             raise ValueError("MarsConfig.rehearse_memory needs anchors='class_gaussian' (slot anchors carry no label)")
         if self.rehearse_memory and self.class_stats_space != "backbone":
-            raise ValueError("MarsConfig.rehearse_memory needs class_stats_space='backbone' (anchors routed with gradient)")
+            raise ValueError(
+                "MarsConfig.rehearse_memory needs class_stats_space='backbone' (anchors routed with gradient)")
         if self.novelty_statistic not in self.NOVELTY_STATISTICS:
             raise ValueError(
                 f"MarsConfig.novelty_statistic must be one of {self.NOVELTY_STATISTICS}, got {self.novelty_statistic!r}"
@@ -365,9 +367,11 @@ class MarsConfig(CLConfig):
             raise ValueError(f"MarsConfig.full_output_consistency must be one of {self.CONSISTENCY}, "
                              f"got {self.full_output_consistency!r}")
         if self.anchor_memory not in self.ANCHOR_MEMORIES:
-            raise ValueError(f"MarsConfig.anchor_memory must be one of {self.ANCHOR_MEMORIES}, got {self.anchor_memory!r}")
+            raise ValueError(
+                f"MarsConfig.anchor_memory must be one of {self.ANCHOR_MEMORIES}, got {self.anchor_memory!r}")
         if self.reference_window < 0:
-            raise ValueError(f"MarsConfig.reference_window must be >= 0 (0: the tracked level), got {self.reference_window!r}")
+            raise ValueError(
+                f"MarsConfig.reference_window must be >= 0 (0: the tracked level), got {self.reference_window!r}")
         if self.reference_window and self.quantile_eps * (self.reference_window + 1) < 1:
             raise ValueError(f"MarsConfig.reference_window={self.reference_window} is too short for quantile_eps="
                              f"{self.quantile_eps}: the eps-quantile needs eps * (R + 1) >= 1")

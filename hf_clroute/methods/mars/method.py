@@ -4,68 +4,14 @@ Forward: h (frozen, pooled) -> memory -> h~ -> the shared incremental head g.
 ``out.features`` is h~ (what the head reads, in training and evaluation), so the
 deep-forgetting probe measures the memory's output, not the frozen h.
 
-DCDA stages, and how they are kept apart. The engine builds one optimizer at
-task start over every parameter with ``requires_grad``, so the memory and the
-head both stay trainable and a stage *leaves the other group out of the
-autograd graph* instead of freezing it (the whole step, loss included, is one
-``forward``, so under DDP the output reaches every parameter the loss uses):
-
-* stage 1 (memory only): logits use detached head weights, the loss is
-  supervised contrastive on h~ + lambda_smooth * mean ||h~ - LN(h)||^2;
-* stage 2 (head only): the memory runs under ``no_grad``, the loss is CE + LwF
-  distillation on current inputs + rehearsal on anchors (below).
-
-With the 'alternate' schedule one stage-1 turn of ``dcda_window`` steps is followed
-by ``stage2_ratio`` stage-2 turns.
-
-A parameter outside the graph gets ``grad=None``, which AdamW and SGD skip
-entirely (no momentum, no weight decay), so stage 1 provably never changes the
-head and stage 2 never the memory. (Multiplying a loss by zero would not do:
-Adam's momentum would still move the parameters.)
-
-Anchors (``anchors``). The paper's, by default: every training batch updates
-router-weighted EMA statistics per slot (``SlotStatistics``: mass c_i and LN(h)
-mass mu_i), and each stage-2 step distils the head as it was at the task's start
-(the teacher) into the current one on the slot anchors
-a_i = gamma_i * (mu_i / max(c_i, varsigma)) + beta_i (an anchor has no label).
-Two options decide whether that retention does what the paper's Theorem 2 needs:
-``full_output_consistency`` (over the old classes' logits, or over every output
-the teacher has, which is what bounds new-class logits on old inputs) and
-``anchor_memory`` (the live EMA, which follows the current task, or slot means
-banked at each task start or SGSE expansion, ``AnchorBank``). Our variant
-``class_gaussian`` folds every training feature into exact running per-class
-statistics instead (means and one shared covariance, ``ClassStatistics``), of
-h~ or of the frozen h (``class_stats_space``); each stage-2 step draws anchors
-from those class Gaussians for every class seen so far and trains the head on
-them: cross-entropy over all seen classes (classifier alignment,
-class-balanced) and distillation from the previous head on the old classes'
-anchors. Either way nothing from the stream is stored but statistics, folded in
-from the *gathered* global batch, so every process holds the same numbers
-without a separate reduce.
-
-The smoothness term compares h~ with LN(h), the memory's identity output,
-rather than raw h: the per-slot affine cannot undo the per-sample
-normalisation, so "no drift" means h~ = LN(h).
-
-Keys. The first queries of the stream key the num_slots initial slots; after
-that, by default (the paper's), only SGSE adds slots. Our variant
-``keys_per_task > 0`` also keys that many new slots from each later task's first
-queries (it is told where tasks begin). SGSE sees every other training input (the confidences and
-queries of the global batch, so every process takes the same decision) and
-switches on a preallocated slot when it fires: the parameter set never changes
-mid-task. Its expansions and the task boundaries are recorded, so
-``sgse_timing`` can say whether it fires at the shifts it is meant to detect.
-
-First-session adaptation (``CLConfig.adaptation``, row ``mars-fsa-slda``, ours). The
-memory trains before the stream as on one task: DCDA with the engine's temporary linear
-head over the first task (``hooks_during_adaptation``: the phase calls MaRS's task hooks,
-so keys are seeded, stages alternate and SGSE may add slots), then the engine freezes it.
-Once no memory parameter requires a gradient, MaRS is *fixed*: a function h -> h~ whose
-forward returns only ``logits = head(h~)`` and ``features = h~`` (what a statistics head
-accumulates) and whose task hooks do nothing, so no slot is added (a frozen memory
-cannot train a new slot), no teacher is copied and no class or slot statistics move.
-DCDA itself needs the linear head (stage 1 reads its weights, stage 2 trains it), so a
-statistics head is accepted only with ``adaptation`` (``MarsConfig``).
+DCDA trains the memory (stage 1) and the head (stage 2) in turns; a stage leaves the other group
+out of the autograd graph (``grad=None``, which AdamW and SGD skip) rather than freezing it, so the
+engine's one optimizer over both never moves the group a stage does not train. Stage 2 retains old
+classes by distilling the task-start head on anchors: the paper's slot statistics
+(``SlotStatistics``, ``AnchorBank``) or our ``class_gaussian`` per-class Gaussians
+(``ClassStatistics``). SGSE adds slots while the memory trains; once no memory parameter requires a
+gradient (after first-session adaptation) MaRS is a fixed function h -> h~ whose task hooks do
+nothing. docs/methods/mars.md describes each part and how it reads against the paper.
 """
 
 from __future__ import annotations
@@ -77,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
+from hf_clroute.core.method import ContinualMethod, StepContext
 from hf_clroute.core.outputs import CLModelOutput, model_inputs
 from hf_clroute.heads import StatisticsHead
-from hf_clroute.methods.base import ContinualMethod, StepContext
 from hf_clroute.methods.mars.class_statistics import ClassStatistics
 from hf_clroute.methods.mars.config import MarsConfig
 from hf_clroute.methods.mars.sgse import (

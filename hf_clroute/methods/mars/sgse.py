@@ -20,19 +20,8 @@ the memory trains), so SGSE compares each s_t with a *tracked* level instead:
 After an abrupt drop in confidence, Q_t lags by about 1 / (1 - beta) trials, so
 the block that sees the shift fails en masse: detection within 2n trials.
 
-That lag is also the weakness of the tracked level: with w = 10 and beta = 0.9 it
-follows the stream within about one batch, so a moderate shift (new classes on the
-same backbone) is absorbed before a block of n = 20 trials sees enough failures.
-``reference > 0`` (ours) replaces Q_t by a *calibrated* level: the eps-quantile of
-the last R statistics before the block (the k-th smallest, k = floor(eps (R + 1))),
-held fixed for the block's n trials. On a stationary (exchangeable) stream the
-number of failures in a block is then exactly BetaBinomial(n, k, R + 1 - k) for
-any continuous statistic (the level's exceedance probability is a uniform order
-statistic), so the threshold computed from that law bounds the false-expansion
-probability per test by alpha without assuming a distribution. After a shift the
-reference still describes the old distribution for R inputs, so the first block
-wholly after the shift is tested against it: if most shifted inputs fall below the
-old eps-quantile, SGSE fires within 2n trials of the shift.
+That lag is also the tracked level's weakness; ``reference > 0`` (ours) tests each block
+against a calibrated level instead (:class:`ExpansionTest`).
 """
 
 from __future__ import annotations
@@ -108,6 +97,19 @@ class ExpansionTest(nn.Module):
 
     All state is either JSON (:meth:`state`) or the ``pool`` buffer (the recent
     low-confidence queries), so a saved adapter continues the test exactly.
+
+    The tracked level lags: with w = 10 and beta = 0.9 it follows the stream within about
+    one batch, so a moderate shift (new classes on the same backbone) is absorbed before a
+    block of n = 20 trials sees enough failures. ``reference > 0`` (ours) replaces Q_t by a
+    *calibrated* level: the eps-quantile of the last R statistics before the block (the k-th
+    smallest, k = floor(eps (R + 1))), held fixed for the block's n trials. On a stationary
+    (exchangeable) stream the number of failures in a block is then exactly
+    BetaBinomial(n, k, R + 1 - k) for any continuous statistic (the level's exceedance
+    probability is a uniform order statistic), so the threshold computed from that law bounds
+    the false-expansion probability per test by alpha without assuming a distribution. After a
+    shift the reference still describes the old distribution for R inputs, so the first block
+    wholly after the shift is tested against it: if most shifted inputs fall below the old
+    eps-quantile, SGSE fires within 2n trials of the shift.
     """
 
     def __init__(

@@ -36,11 +36,12 @@ from hf_clroute.core.config import CLConfig
 
 @dataclass
 class QoaConfig(CLConfig):
-    method = "qoa"
+    method: ClassVar[str] = "qoa"
 
     buffer_size: int = field(
         default=2000,
-        metadata={"help": "Capacity of the reservoir replay buffer of (features, label) the support set is drawn from."},
+        metadata={"help": "Capacity of the reservoir replay buffer of (features, label) the support set is drawn "
+                          "from."},
     )
     support_size: int = field(
         default=200,
@@ -66,7 +67,8 @@ class QoaConfig(CLConfig):
     target_dim: int = field(default=1, metadata={"help": "Dimension of the regression target (task='regression')."})
     score_normalization: str = field(
         default="softmax",
-        metadata={"help": "'softmax' over the support set (convex combination of labels) or 'mean' (raw scores / |S|)."},
+        metadata={"help": "'softmax' over the support set (convex combination of labels) or 'mean' "
+                          "(raw scores / |S|)."},
     )
     probability_floor: float = field(
         default=1e-4,
@@ -105,7 +107,8 @@ class QoaConfig(CLConfig):
     batch_queries: bool = field(
         default=True,
         metadata={"help": "QOA head: the current batch is a training query set too (its loss is the 'ce' term); "
-                          "False = only the replayed buffer queries train the scorer (the batch still enters the buffer)."},
+                          "False = only the replayed buffer queries train the scorer (the batch still enters the "
+                          "buffer)."},
     )
     support_per_class: int = field(
         default=100,

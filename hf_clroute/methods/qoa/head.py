@@ -45,7 +45,8 @@ def support_generator(seed: int, purpose: int, counter: int) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + purpose) * 1_000_033 + counter)
 
 
-def classification_log_probs(prediction: torch.Tensor, num_classes: int, probabilities: bool, floor: float) -> torch.Tensor:
+def classification_log_probs(prediction: torch.Tensor, num_classes: int, probabilities: bool,
+                             floor: float) -> torch.Tensor:
     """Log-probabilities over the first ``num_classes`` label slots.
 
     ``probabilities``: the prediction is already a convex combination of one-hot
@@ -228,7 +229,8 @@ class QoaLearner(nn.Module):
     def _buffer(self, task: int) -> ReservoirBuffer:
         key = str(task) if self.task_aware else "all"
         if key not in self.memory:
-            self.memory[key] = ReservoirBuffer(self.config.buffer_size, seed=self.config.seed * 100_003 + len(self.memory))
+            seed = self.config.seed * 100_003 + len(self.memory)
+            self.memory[key] = ReservoirBuffer(self.config.buffer_size, seed=seed)
         return self.memory[key]
 
     def encode_labels(self, y: torch.Tensor) -> torch.Tensor:
@@ -265,7 +267,8 @@ class QoaLearner(nn.Module):
         if self.config.task == "regression":
             return prediction
         probabilities = getattr(self.predictor, "outputs_probabilities", False)
-        return classification_log_probs(prediction, self.config.max_classes, probabilities, self.config.probability_floor)
+        return classification_log_probs(prediction, self.config.max_classes, probabilities,
+                                        self.config.probability_floor)
 
     def objective(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.config.task == "regression":

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from hf_clroute.methods.base import FeatureMemoryMethod, StepContext, seeded_init
+from hf_clroute.core.method import FeatureMemoryMethod, StepContext, seeded_init
 from hf_clroute.methods.qoa.config import QoaConfig
 from hf_clroute.methods.qoa.head import (
     build_scorer,
@@ -92,7 +92,8 @@ class Qoa(FeatureMemoryMethod):
             # The very first batch has no support: predict uniformly. The zero-weighted term
             # keeps the scorer in the graph, so the first optimiser step is a harmless no-op.
             anchor = sum(p.sum() for p in self.scorer.parameters()) * 0.0
-            return features.new_full((len(features), self.num_classes), -float(torch.log(torch.tensor(self.num_classes)))) + anchor
+            uniform = -float(torch.log(torch.tensor(self.num_classes)))
+            return features.new_full((len(features), self.num_classes), uniform) + anchor
         return self.predict(features)
 
     def replayed(self) -> int:
@@ -116,7 +117,8 @@ class Qoa(FeatureMemoryMethod):
         generator = support_generator(self.config.seed, _REPLAY, self.buffer.num_seen)
         return torch.randperm(len(self.buffer), generator=generator)[: self.replayed()]
 
-    def extra_losses(self, model: "CLModel", batch: dict[str, torch.Tensor], logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    def extra_losses(self, model: "CLModel", batch: dict[str, torch.Tensor],
+                     logits: torch.Tensor) -> dict[str, torch.Tensor]:
         replayed = self.replayed()
         if not replayed:
             return {}

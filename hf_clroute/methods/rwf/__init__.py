@@ -1,4 +1,4 @@
-"""RwF (Routing without Forgetting): Hopfield routing prompts, SPEC section 5."""
+"""RwF (Routing without Forgetting): Hopfield routing prompts."""
 
 from hf_clroute.core.registry import register_method
 from hf_clroute.methods.rwf.config import RwfConfig

@@ -1,7 +1,7 @@
 """``RwfConfig``: Routing without Forgetting.
 
-What is trained, and why that is ~2% of a ViT-B/16
----------------------------------------------------
+What is trained
+---------------
 Each routed block gets one Hopfield router (``hopfield.HopfieldRouter``) that
 pools the block's L input tokens Z into m prompts P = softmax(beta Q K^T) V,
 with K = Z W_K and V = Z W_V. W_K and W_V are frozen buffers: never trained.
@@ -9,11 +9,9 @@ Only the *query side* Q is trained:
 
 * ``query_mode="projected"`` (default): Q = S W_Q^T + b_Q, with m learned base
   queries S (m x d) and one trainable d x d query projection (W_Q, b_Q) per
-  routed layer. On ViT-B/16 (d = 768, 85.8M backbone parameters) 3 routed
-  layers train 3 * (768^2 + 768 + m * 768) = 1.79M (m = 8) parameters, 2.09%,
-  plus the classifier head (e.g. 100 classes: 77k, 0.09%): the paper's 2.13%.
-* ``query_mode="static"``: Q itself (m x d) is learned directly: 3 * m * d =
-  18k parameters on ViT-B/16 (0.02%): the lightest variant.
+  routed layer: d^2 + d + m * d parameters per routed layer, plus the classifier head.
+* ``query_mode="static"``: Q itself (m x d) is learned directly: m * d parameters
+  per routed layer, the lightest variant.
 
 Each field's help says whether its default is the paper's or ours. The frozen
 value projection W_V (``value_init``) and the routing temperature are tuned on
@@ -75,9 +73,9 @@ class RwfConfig(CLConfig):
     query_mode: str = field(
         default="projected",
         metadata={
-            "help": "'projected' (the paper's, by its 2.13% trainable parameters): Q = S W_Q^T + b with learned "
-            "base queries S (m x d) and a trainable d x d projection per layer (~2% of ViT-B/16); 'static': "
-            "Q (m x d) learned directly (~0.02%)."
+            "help": "'projected' (the paper's, by its trainable-parameter count): Q = S W_Q^T + b with learned "
+            "base queries S (m x d) and a trainable d x d projection per layer; 'static': Q (m x d) learned "
+            "directly (the lightest variant)."
         },
     )
     query_init_std: float = field(
@@ -105,15 +103,10 @@ class RwfConfig(CLConfig):
         default="identity",
         metadata={
             "help": "Frozen W_V, tuned on validation (rwf.json's search points). The paper freezes W_V without "
-            "fixing it. 'identity' (the default, ours). Validation does not tell the three apart: the best "
-            "validation A_T of each (over learning rate and temperature, seed 0) is identity 48.4 / 61.4 / "
-            "43.1, orthogonal 48.5 / 61.1 / 43.1, pretrained 44.8 / 62.9 / not run at wordnet's better learning "
-            "rate, on split-mnist / split-fashion / wordnet (results/split-*/selection.json; wordnet: the first "
-            "6 of the 12 points of `scripts/main_tables.sh tune wordnet routing`, stopped for time), so the "
-            "default stays identity, the best mean. With it prompts are convex mixtures of the block's tokens, inputs "
-            "the frozen attention already understands, but routing can then only re-weight attention, never add "
-            "a direction; 'orthogonal' (seeded): a norm-preserving rotation, prompts off the tokens' span; "
-            "'pretrained': the block's own attention value projection (weight and bias)."
+            "fixing it. 'identity' (the default, ours): prompts are convex mixtures of the block's tokens, "
+            "inputs the frozen attention already understands, but routing can then only re-weight attention, "
+            "never add a direction; 'orthogonal' (seeded): a norm-preserving rotation, prompts off the tokens' "
+            "span; 'pretrained': the block's own attention value projection (weight and bias)."
         },
     )
     causal_chunk_size: int = field(
@@ -152,7 +145,8 @@ class RwfConfig(CLConfig):
     )
     init_seed: int = field(
         default=0,
-        metadata={"help": "Seed of the router initialisation (queries, orthogonal W_K/W_V), independent of the global RNG."},
+        metadata={"help": "Seed of the router initialisation (queries, orthogonal W_K/W_V), independent of the "
+                          "global RNG."},
     )
 
     ROUTINGS: ClassVar[tuple[str, ...]] = ("cosine", "dot")
@@ -191,7 +185,8 @@ class RwfConfig(CLConfig):
                 or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in layers)
                 or len(set(layers)) != len(layers)
             ):
-                raise ValueError(f"RwfConfig.routed_layers must be a non-empty list of distinct indices >= 0, got {layers!r}")
+                raise ValueError(
+                    f"RwfConfig.routed_layers must be a non-empty list of distinct indices >= 0, got {layers!r}")
         choices = {
             "routing": self.ROUTINGS,
             "query_mode": self.QUERY_MODES,

@@ -16,19 +16,17 @@ stationarity condition gives p_i proportional to exp(beta <q_a, k_i>)), so the
 routing needs no inner optimisation, and since softmax is 1-Lipschitz, A moves
 at most beta |q_a| |W_K| |dZ| when the tokens move by dZ.
 
-Frozen W_K, W_V (buffers, never trained). Default init is the identity: with a
-trainable query projection, any fixed invertible W_K is absorbed by W_Q (Q K^T =
-S (W_Q W_K^T) Z^T), and W_V = I makes every prompt a convex mixture of the
-block's own tokens, i.e. an input the frozen attention was trained on; routing
-then re-weights the attention but cannot add a direction the tokens lack. A
-seeded random orthogonal init (it preserves norms, so beta keeps its meaning)
-and the block's own pretrained projections are the alternatives; W_V is chosen
-on validation among the three.
+Frozen W_K, W_V (buffers, never trained). Default init is the identity: with a trainable
+query projection, any fixed invertible W_K is absorbed by W_Q (Q K^T = S (W_Q W_K^T) Z^T),
+and W_V = I makes every prompt a convex mixture of the block's own tokens, i.e. an input the
+frozen attention was trained on; routing then re-weights the attention but cannot add a
+direction the tokens lack. A seeded random orthogonal init (it preserves norms, so beta keeps
+its meaning) and the block's own pretrained projections are the alternatives; W_V is chosen on
+validation among the three.
 
-Padding: keys marked invalid get no routing weight. Causal LMs: prompts come in
-groups, one group per chunk of ``chunk_size`` positions; group g pools only the
-tokens at positions <= g * chunk_size (the chunk's first position), so the
-prompts used by position t depend on no token after t.
+Padding: keys marked invalid get no routing weight. Causal LMs: prompts come in groups, one group per
+chunk of ``chunk_size`` positions; group g pools only the tokens at positions <= g * chunk_size (the
+chunk's first position), so the prompts used by position t depend on no token after t.
 """
 
 from __future__ import annotations
@@ -67,10 +65,13 @@ class HopfieldRouter(nn.Module):
         generator = torch.Generator().manual_seed(seed)
         if "pretrained" in (config.key_init, config.value_init) and pretrained is None:
             raise ValueError("HopfieldRouter: key_init/value_init 'pretrained' needs the block's projections")
+
+        def init(which: int, how: str) -> torch.Tensor:
+            return pretrained[which] if how == "pretrained" else _init_matrix(how, hidden_size, generator)
+
         # Frozen: registered as buffers so no optimiser can ever see them; saved with
         # the adapter (they are not backbone tensors) so a reload is bit-identical.
-        key = pretrained[0] if config.key_init == "pretrained" else _init_matrix(config.key_init, hidden_size, generator)
-        value = pretrained[1] if config.value_init == "pretrained" else _init_matrix(config.value_init, hidden_size, generator)
+        key, value = init(0, config.key_init), init(1, config.value_init)
         value_bias = pretrained[2] if config.value_init == "pretrained" else torch.zeros(hidden_size)
         self.register_buffer("key_weight", key.detach().clone().float())
         self.register_buffer("value_weight", value.detach().clone().float())
@@ -89,7 +90,8 @@ class HopfieldRouter(nn.Module):
             self.query_proj = nn.Linear(hidden_size, hidden_size)
             with torch.no_grad():
                 self.query_proj.weight.copy_(
-                    torch.eye(hidden_size) if config.query_projection_init == "identity" else torch.zeros(hidden_size, hidden_size)
+                    torch.eye(hidden_size) if config.query_projection_init == "identity"
+                    else torch.zeros(hidden_size, hidden_size)
                 )
                 self.query_proj.bias.zero_()
 

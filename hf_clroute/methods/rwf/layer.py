@@ -40,7 +40,8 @@ from hf_clroute.methods.rwf.hopfield import HopfieldRouter
 class RoutedAttention(AttentionWrapper, FixedInEval):
     """A self-attention module with Hopfield routing prompts (see the module docstring)."""
 
-    def __init__(self, base_layer: nn.Module, router: HopfieldRouter, *, layer_idx: int, causal: bool, chunk_size: int) -> None:
+    def __init__(self, base_layer: nn.Module, router: HopfieldRouter, *, layer_idx: int, causal: bool,
+                 chunk_size: int) -> None:
         super().__init__()
         self.base_layer = base_layer
         # The method owns the router (it is saved under ``method.``); keep a plain
@@ -94,13 +95,19 @@ class RoutedAttention(AttentionWrapper, FixedInEval):
         batch = max(tokens.shape[0], prompt_valid.shape[0])
         # Group of each token row and prompt column: all 0 unless causal (chunk index).
         m = self.router.num_prompts
-        token_group = torch.arange(length, device=device) // self.chunk_size if self.causal else torch.zeros(length, dtype=torch.long, device=device)
-        prompt_group = torch.arange(num_prompts, device=device) // m if self.causal else torch.zeros(num_prompts, dtype=torch.long, device=device)
+        if self.causal:
+            token_group = torch.arange(length, device=device) // self.chunk_size
+            prompt_group = torch.arange(num_prompts, device=device) // m
+        else:
+            token_group = torch.zeros(length, dtype=torch.long, device=device)
+            prompt_group = torch.zeros(num_prompts, dtype=torch.long, device=device)
         token_to_prompt = (token_group[:, None] == prompt_group[None, :])[None, None] & prompt_valid[:, None, None, :]
         prompt_to_prompt = (prompt_group[:, None] == prompt_group[None, :])[None, None]
-        top = torch.cat([tokens.expand(batch, 1, length, length), token_to_prompt.expand(batch, 1, length, num_prompts)], dim=-1)
+        top = torch.cat(
+            [tokens.expand(batch, 1, length, length), token_to_prompt.expand(batch, 1, length, num_prompts)], dim=-1)
         bottom = torch.cat(
-            [torch.zeros(batch, 1, num_prompts, length, dtype=torch.bool, device=device), prompt_to_prompt.expand(batch, 1, num_prompts, num_prompts)],
+            [torch.zeros(batch, 1, num_prompts, length, dtype=torch.bool, device=device),
+             prompt_to_prompt.expand(batch, 1, num_prompts, num_prompts)],
             dim=-1,
         )
         allowed = torch.cat([top, bottom], dim=-2)

@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from hf_clroute.backbones.catalog import get_blocks
+from hf_clroute.core.method import ContinualMethod, StepContext
 from hf_clroute.heads import StatisticsHead
-from hf_clroute.methods.base import ContinualMethod, StepContext
 from hf_clroute.methods.rwf.config import RwfConfig
 from hf_clroute.methods.rwf.hopfield import HopfieldRouter, RoutingHealth
 from hf_clroute.methods.rwf.layer import RoutedAttention
@@ -66,7 +66,8 @@ class Rwf(ContinualMethod):
             attention = getattr(parent, attr)
             if isinstance(attention, RoutedAttention):
                 raise ValueError(f"block {idx} of this backbone is already routed by another RwF adapter")
-            wrapped = RoutedAttention(attention, router, layer_idx=idx, causal=spec.causal, chunk_size=config.causal_chunk_size)
+            wrapped = RoutedAttention(attention, router, layer_idx=idx, causal=spec.causal,
+                                      chunk_size=config.causal_chunk_size)
             setattr(parent, attr, wrapped)
         if spec.causal:
             # A KV cache holds attention keys, not the prefix the router pools: decode without one
@@ -121,8 +122,10 @@ class Rwf(ContinualMethod):
     def routing_health(self) -> dict[str, dict[str, float]]:
         """Per routed block (index as str): ``entropy_ratio``, ``top_weight``, ``same_top_token`` of the
         last :meth:`track` block, and the routing temperature (cosine routing)."""
-        return {idx: {**self.tracked.get(idx, {}), **({"temperature": router.temperature} if router.routing == "cosine" else {})}
-                for idx, router in self.routers.items()}
+        def temperature(router: HopfieldRouter) -> dict[str, Any]:
+            return {"temperature": router.temperature} if router.routing == "cosine" else {}
+
+        return {idx: {**self.tracked.get(idx, {}), **temperature(router)} for idx, router in self.routers.items()}
 
 
 def pretrained_key_value(block: nn.Module, qkv_paths: tuple[str, ...], hidden: int) -> tuple[torch.Tensor, ...]:

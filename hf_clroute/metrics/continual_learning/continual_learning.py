@@ -1,4 +1,4 @@
-"""Continual-learning metrics (SPEC 4) as a local ``evaluate`` module.
+"""Continual-learning metrics as a local ``evaluate`` module.
 
 Load offline with ``evaluate.load("<path to this folder>")`` or
 ``hf_clroute.metrics.load_metric()``. Each *example* is one row of the accuracy
@@ -56,7 +56,7 @@ Examples:
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class ContinualLearning(evaluate.Metric):
-    """SPEC 4 accuracy-matrix metrics; see ``hf_clroute.metrics.continual``."""
+    """The accuracy-matrix metrics; see ``hf_clroute.metrics.continual``."""
 
     def _info(self):
         return evaluate.MetricInfo(
