@@ -6,6 +6,9 @@ export HF_HUB_DISABLE_TELEMETRY := 1
 # When make started: `make test` prints its wall time, prerequisites included.
 START := $(shell date +%s)
 
+# Two pytest workers, one per core (each test file stays on one worker: its module fixtures are built once).
+PYTEST_FLAGS ?= -n 2 --dist loadfile
+
 .PHONY: setup data test demo clean
 
 setup:
@@ -21,7 +24,7 @@ test: data
 	@fail=""; \
 	$(BIN)/ruff check . || fail="$$fail ruff"; \
 	$(BIN)/mkdocs build --strict --quiet --site-dir site || fail="$$fail mkdocs"; \
-	HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests --durations=15 || fail="$$fail pytest"; \
+	HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest tests $(PYTEST_FLAGS) --durations=15 || fail="$$fail pytest"; \
 	echo "make test: $$(( $$(date +%s) - $(START) )) s in all (setup, data, ruff, docs site, tests)"; \
 	if [ -n "$$fail" ]; then echo "make test: failed:$$fail"; exit 1; fi
 

@@ -15,8 +15,9 @@ import sys
 from pathlib import Path
 
 from hf_clroute.bench.harness.grid_search import MAX_EXTENSIONS
-from hf_clroute.errors import (
-    UserInputError,  # stdlib-only modules: keep `hf-clroute --help` fast
+from hf_clroute.errors import (  # stdlib-only modules: keep `hf-clroute --help` fast
+    HubError,
+    UserInputError,
 )
 from hf_clroute.hub.io import HubPushError
 
@@ -190,6 +191,14 @@ def cmd_push(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_push_results(args: argparse.Namespace) -> int:
+    from hf_clroute.commands.push_results import push_results
+
+    url = push_results(args.run_dir, args.repo_id, private=args.private)
+    print(f"pushed the results of {args.run_dir} to the dataset {args.repo_id}: {url}")
+    return 0
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     """Load an adapter (local dir or Hub repo id) and score it on every task of a suite."""
     from hf_clroute.commands.evaluate import evaluate_adapter
@@ -340,6 +349,14 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("--private", action="store_true", help="create the repo private")
     push.set_defaults(func=cmd_push)
 
+    push_results = sub.add_parser("push-results", help="push a bench run's evaluation (results, tables, plots, "
+                                                       "a per-seed parquet table) as a Hub dataset repo")
+    push_results.add_argument("run_dir", help="an `hf-clroute bench --out` (or `merge --out`) directory")
+    push_results.add_argument("--repo-id", required=True,
+                              help="Hub dataset repo to create or update, e.g. me/split-mnist-results")
+    push_results.add_argument("--private", action="store_true", help="create the repo private")
+    push_results.set_defaults(func=cmd_push_results)
+
     evaluate = sub.add_parser("evaluate", help="score a saved or pushed adapter on every task of a suite")
     evaluate.add_argument("--adapter", required=True, help="adapter directory or Hub repo id")
     evaluate.add_argument("--suite", required=True, help="built-in suite name or a suite JSON file to score on")
@@ -381,6 +398,9 @@ def error_line(err: BaseException) -> str:
         text = f"{err.strerror or err}{where}"
         if err.errno == errno.ENOSPC:
             text += " (the disk is full: free space or write elsewhere; finished files and checkpoints are kept)"
+    elif is_disk_error(err) and not isinstance(err, (UserInputError, OSError)):
+        text = (f"{type(err).__name__}: {err} (a write failed, most likely for a full disk: free space or write "
+                "elsewhere; finished files and checkpoints are kept)")
     else:
         text = str(err) or type(err).__name__
     return " ".join(text.split())  # one line, whatever the message held
@@ -406,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command not in ("methods", "report", "data"):
             apply_thread_default()
         return args.func(args)
-    except HubPushError as err:
+    except (HubPushError, HubError) as err:  # the Hub failed or answered no: exit code 3
         if debug:
             raise
         print(f"hf-clroute: error: {error_line(err)}", file=sys.stderr)
@@ -416,6 +436,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"hf-clroute: error: {error_line(err)}", file=sys.stderr)
         return 2
+    except Exception as err:
+        if debug or not is_disk_error(err):
+            raise
+        print(f"hf-clroute: error: {error_line(err)}", file=sys.stderr)  # a full disk in a library's own words
+        return 2
+
+
+def is_disk_error(err: BaseException) -> bool:
+    """Whether a library's own error (safetensors', torch's) is a write that failed for want of space."""
+    text = str(err)
+    return "No space left on device" in text or "os error 28" in text or "file write failed" in text
 
 
 if __name__ == "__main__":

@@ -74,7 +74,8 @@ def assert_statistics_equal(head, expected: dict[str, torch.Tensor]) -> None:
 
 def test_config_is_validated_naming_the_field():
     assert LoraBaselineConfig(head="lda", adaptation={"epochs": 2}).adaptation_config() == AdaptationConfig(epochs=2)
-    for bad, field_name in [({"epochs": 0}, "epochs"), ({"on": "later"}, "on"), ({"learning_rate": -1}, "learning_rate"),
+    for bad, field_name in [({"epochs": 0}, "epochs"), ({"on": "later"}, "on"),
+                            ({"learning_rate": -1}, "learning_rate"),
                             ({"on": "adaptation_split"}, "per_class"), ({"per_class": 3}, "per_class"),
                             ({"epoch": 3}, "unknown field")]:
         with pytest.raises(ValueError, match=field_name):

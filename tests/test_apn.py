@@ -203,7 +203,9 @@ def test_ffn_only_adaptation_trains_only_the_ffns_on_later_domains(two_domains, 
 
     method.on_task_start = on_task_start
     training = TrainingConfig(batch_size=4, learning_rate=3e-3, progress=False)
-    trainer = ContinualTrainer(model, stream, training, CausalLMCollator(tokenizer, 64), make_accelerator(training, cpu=True))
+    trainer = ContinualTrainer(
+        model, stream, training, CausalLMCollator(tokenizer, 64), make_accelerator(training, cpu=True)
+    )
     result = trainer.fit()
     R = result.accuracy_matrix
     assert len(R) == 2 and all(len(r) == 2 and all(x > 1.0 for x in r) for r in R)  # perplexities
@@ -476,9 +478,11 @@ def test_frozen_routing_and_long_horizon_state_survive_save_load_and_resume(tmp_
                 assert all(not p.requires_grad for p in frozen_routing_params(model_).values())
 
         model.method.on_task_start = on_task_start
-        training = TrainingConfig(batch_size=8, learning_rate=3e-3, progress=False, checkpoint_dir=str(tmp_path / "ckpt"),
-                                  checkpoint_every=3, **kwargs)
-        return ContinualTrainer(model, stream, training, CausalLMCollator(tokenizer, 32), make_accelerator(training, cpu=True))
+        training = TrainingConfig(batch_size=8, learning_rate=3e-3, progress=False,
+                                  checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3, **kwargs)
+        return ContinualTrainer(
+            model, stream, training, CausalLMCollator(tokenizer, 32), make_accelerator(training, cpu=True)
+        )
 
     steps_a = -(-len(stream[0].train) // 8)
     first = fresh()

@@ -90,7 +90,8 @@ def test_phased_suite_trains_each_domain_its_steps_at_its_schedule_and_reports_u
     tokens_per_step = 4 * 32
     for name in ("apn-all", "apn-ffn", "apn-frozen-routing-all"):
         usage = methods[name]["per_seed"][0]["patch_usage_per_domain"]
-        assert [u["assignments"] for u in usage] == pytest.approx([6 * tokens_per_step * 4, 3 * tokens_per_step * 4], rel=0.05)
+        expected = [6 * tokens_per_step * 4, 3 * tokens_per_step * 4]
+        assert [u["assignments"] for u in usage] == pytest.approx(expected, rel=0.05)
         assert 1 <= usage[1]["patches_covering"] <= 64 and 0 <= usage[1]["share_in_first_cover"] <= 1
         assert len(methods[name]["patch_usage_per_domain"]) == 2
     a_usage = [methods[v]["per_seed"][0]["patch_usage_per_domain"][0] for v in ("apn-all", "apn-ffn")]

@@ -71,7 +71,10 @@ def test_a_backbone_with_another_config_is_refused_naming_both(tmp_path, overrid
     head_trained(get_cl_model(load_backbone(saved_on)[0], NCMConfig())).save_pretrained(tmp_path / "adapter")
     with pytest.raises(ValueError, match="does not match") as refused:
         CLModel.from_pretrained(load_backbone(other)[0], tmp_path / "adapter")
-    fingerprints = (backbone_fingerprint(ViTModel(tiny_vit_config())), backbone_fingerprint(ViTModel(tiny_vit_config(**overrides))))
+    fingerprints = (
+        backbone_fingerprint(ViTModel(tiny_vit_config())),
+        backbone_fingerprint(ViTModel(tiny_vit_config(**overrides))),
+    )
     for named in (saved_on, other, *fingerprints):
         assert named in str(refused.value)
 
@@ -94,9 +97,11 @@ def test_fingerprint_ignores_where_and_how_a_backbone_was_loaded(tmp_path):
     path = save_vit(tmp_path / "a")
     loaded = ViTModel.from_pretrained(path)
     task_model = ViTForImageClassification(tiny_vit_config(num_labels=7))
-    assert backbone_fingerprint(loaded) == backbone_fingerprint(ViTModel(tiny_vit_config())) == backbone_fingerprint(task_model)
+    fresh = ViTModel(tiny_vit_config())
+    assert backbone_fingerprint(loaded) == backbone_fingerprint(fresh) == backbone_fingerprint(task_model)
     assert backbone_fingerprint(loaded).startswith("vit:")
-    assert backbone_fingerprint(BertModel(tiny_bert_config())) != backbone_fingerprint(BertModel(tiny_bert_config(vocab_size=101)))
+    bert, other_vocab = BertModel(tiny_bert_config()), BertModel(tiny_bert_config(vocab_size=101))
+    assert backbone_fingerprint(bert) != backbone_fingerprint(other_vocab)
 
 
 def test_auto_model_says_when_it_cannot_find_the_backbone(tmp_path):
@@ -120,7 +125,8 @@ def test_auto_model_says_when_it_cannot_find_the_backbone(tmp_path):
 def test_cards_carry_hub_metadata(backbone, pipeline_tag, modality_tag):
     config = get_cl_model(backbone(), NCMConfig(base_model_name_or_path="someone/tiny-backbone")).config
     data = ModelCard(minimal_card(config, "me/adapter")).data
-    assert (data.library_name, data.base_model, data.pipeline_tag) == ("hf_clroute", "someone/tiny-backbone", pipeline_tag)
+    expected = ("hf_clroute", "someone/tiny-backbone", pipeline_tag)
+    assert (data.library_name, data.base_model, data.pipeline_tag) == expected
     assert {"continual-learning", "ncm", modality_tag} <= set(data.tags)
     assert "AutoCLModel.from_pretrained(\"me/adapter\"" in minimal_card(config, "me/adapter")
 

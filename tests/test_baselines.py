@@ -72,7 +72,8 @@ def image_stream():
 @pytest.fixture(scope="module")
 def text_stream():
     return class_incremental(
-        load_source("wordnet"), n_tasks=2, seed=0, classes=[4, 18, 6, 9], train_per_class=8, test_per_class=4, name="wordnet"
+        load_source("wordnet"), n_tasks=2, seed=0, classes=[4, 18, 6, 9], train_per_class=8, test_per_class=4,
+        name="wordnet",
     )
 
 
@@ -198,7 +199,9 @@ def test_prompt_tuning_keeps_shapes_and_points_vit_users_to_vpt(text_stream, tok
         p, q = plain.extract_features(batch), prompted.method.features(prompted, batch)
     assert p.shape == q.shape == (3, 32) and not torch.allclose(p, q)
     # Only the PEFT prompt (+ head, empty before any task) is trainable; no backbone tensor saved.
-    assert set(prompted.adapter_state_dict()) == {"method.prompt_encoder.default.embedding.weight", "head.weight", "head.bias"}
+    assert set(prompted.adapter_state_dict()) == {
+        "method.prompt_encoder.default.embedding.weight", "head.weight", "head.bias"
+    }
     with pytest.raises(ValueError, match=r"supports \('text',\).*use 'vpt'"):
         get_cl_model(tiny_vit(), PromptTuningBaselineConfig())
 

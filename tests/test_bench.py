@@ -134,7 +134,8 @@ def test_the_wheel_ships_the_builtin_suites_and_the_card_template(tmp_path):
     package = Path(__import__("hf_clroute").__file__).resolve().parent
     shipped = sorted(CONFIG_ROOT.glob("*/*.json")) + [TEMPLATE]
     assert len(shipped) > 20
-    missing = [str(p.relative_to(package)) for p in shipped if f"hf_clroute/{p.relative_to(package).as_posix()}" not in names]
+    relative = [p.relative_to(package) for p in shipped]
+    missing = [str(r) for r in relative if f"hf_clroute/{r.as_posix()}" not in names]
     assert not missing, f"not in the wheel: {missing}"
 
 

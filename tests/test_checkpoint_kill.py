@@ -28,7 +28,8 @@ RUN = {"checkpoint_every": 5, "keep_checkpoints": 1}
 @pytest.fixture(scope="module")
 def stream():
     return class_incremental(
-        load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=20, test_per_class=10, name="mnist"
+        load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=20, test_per_class=10,
+        name="mnist",
     )
 
 

@@ -85,7 +85,8 @@ def test_a_bench_adapter_on_the_committed_vit_loads_by_its_directory_alone(asset
     config = json.loads((adapter / CONFIG_NAME).read_text())
     # The backbone's identity: the committed asset's stable name and the sha256 of its weights.
     assert config["base_model_name_or_path"] == ASSET
-    assert config["base_model_revision"] == asset_revision(ASSET) and config["base_model_revision"].startswith("sha256:")
+    revision = config["base_model_revision"]
+    assert revision == asset_revision(ASSET) and revision.startswith("sha256:")
     expected = CLModel.from_pretrained(load_suite_backbone(SuiteConfig.load(str(asset_run / "suite.json")))[0], adapter)
     # A fresh cache: the asset is installed on the way.
     monkeypatch.setenv("HF_CLROUTE_CACHE", str(tmp_path / "cache"))
@@ -123,7 +124,7 @@ def test_a_mismatch_found_by_auto_model_does_not_recommend_auto_model(tmp_path):
 def test_our_format_has_our_names_and_the_old_layout_still_loads(tmp_path):
     model = head_trained(get_cl_model(tiny_vit(), NCMConfig()))
     model.save_pretrained(tmp_path / "new")
-    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == [CONFIG_NAME, WEIGHTS_NAME]
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == ["README.md", CONFIG_NAME, WEIGHTS_NAME]
     # An adapter written before 0.2: our config and weights under PEFT's names, no peft_type.
     old = tmp_path / "old"
     old.mkdir()
@@ -135,7 +136,7 @@ def test_our_format_has_our_names_and_the_old_layout_still_loads(tmp_path):
         loaded = CLModel.from_pretrained(tiny_vit(), old)
     assert torch.equal(loaded(**PIXELS).logits, model(**PIXELS).logits)
     loaded.save_pretrained(old)  # a re-save moves it to our names
-    assert sorted(p.name for p in old.iterdir()) == [CONFIG_NAME, WEIGHTS_NAME]
+    assert sorted(p.name for p in old.iterdir()) == ["README.md", CONFIG_NAME, WEIGHTS_NAME]
 
 
 def test_transformers_and_peft_do_not_take_our_directory_for_theirs(tmp_path):
@@ -197,7 +198,8 @@ def test_prompt_tuning_loads_with_the_peft_auto_class_its_card_names(tmp_path):
     assert peft.peft_config["default"].peft_type.value == "PROMPT_TUNING"
     with pytest.raises(ValueError, match="task"):  # PEFT's own rule: a task type needs its task's class
         AutoPeftModel.from_pretrained(tmp_path / "adapter")
-    assert "AutoPeftModelForFeatureExtraction" in minimal_card(model.config, "me/pt", peft_format="AutoPeftModelForFeatureExtraction")
+    card = minimal_card(model.config, "me/pt", peft_format="AutoPeftModelForFeatureExtraction")
+    assert "AutoPeftModelForFeatureExtraction" in card
 
 
 # ---- 4. a weights fingerprint ------------------------------------------------------------------------
@@ -256,7 +258,8 @@ def test_hub_errors_name_the_repo_and_the_server(hub_server, hub_repo_id, tmp_pa
             CLModel.from_pretrained(tiny_vit(), hub_repo_id, force_download=True)
     monkeypatch.setenv("HF_CLROUTE_HUB_TIMEOUT", "1.5")
     with hub_server.faulty("hang"):
-        with pytest.raises(HubError, match=f"the Hub at {hub_server.url} did not answer within 1.5 s .*HF_CLROUTE_HUB_TIMEOUT"):
+        refusal = f"the Hub at {hub_server.url} did not answer within 1.5 s .*HF_CLROUTE_HUB_TIMEOUT"
+        with pytest.raises(HubError, match=refusal):
             CLModel.from_pretrained(tiny_vit(), hub_repo_id, force_download=True)
         with pytest.raises(HubPushError, match="did not answer within 1.5 s.*local files are intact"):
             model.push_to_hub(hub_repo_id)
@@ -283,7 +286,8 @@ def test_a_cached_backbone_that_differs_from_the_committed_asset_is_replaced(tmp
     path = resolve_backbone_name(ASSET)
     good = (tmp_path / "models" / "vit-mnist-stream" / "config.json").read_bytes()
     config = json.loads(good)
-    (tmp_path / "models" / "vit-mnist-stream" / "config.json").write_text(json.dumps({**config, "hidden_dropout_prob": 0.5}))
+    changed = {**config, "hidden_dropout_prob": 0.5}
+    (tmp_path / "models" / "vit-mnist-stream" / "config.json").write_text(json.dumps(changed))
     with pytest.warns(UserWarning, match=r"differs from the committed asset .*config\.json"):
         assert resolve_backbone_name(ASSET) == path
     assert (tmp_path / "models" / "vit-mnist-stream" / "config.json").read_bytes() == good

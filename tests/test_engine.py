@@ -142,8 +142,9 @@ def _write_run_config(tmp_path: Path, backbone_dir: Path, method: str, out: Path
 
 
 # qoa: the replay buffer is gathered across processes; slda, ranpac: head statistics summed over processes
-# finetune with a DataLoader worker: the batches, hence the numbers, do not depend on workers
-TWO_PROCESS_RUNS = [("finetune", 0), ("ncm", 0), ("qoa", 0), ("slda", 0), ("ranpac", 0), ("finetune", 1)]
+# finetune with a DataLoader worker: the batches, hence the numbers, do not depend on workers;
+# osf: PEFT's orthogonal subspace layers, re-split at the task boundary on every process alike
+TWO_PROCESS_RUNS = [("finetune", 0), ("ncm", 0), ("qoa", 0), ("slda", 0), ("ranpac", 0), ("finetune", 1), ("osf", 0)]
 
 
 @pytest.fixture(scope="module")

@@ -239,3 +239,231 @@ def test_a_full_disk_while_writing_results_is_one_line_and_loses_no_checkpoint(s
     assert all(checkpoint.is_complete(p) for p in checkpoint.list_checkpoints(out / "checkpoints"))
     assert train(str(suite_file), out, "--resume") == 0  # the last checkpoint holds the finished run
     assert json.loads((out / "result.json").read_text())["accuracy_matrix"] == uninterrupted
+
+
+# ---- the last faults a user hit: a full disk mid-checkpoint, damaged or tampered checkpoints, a failing Hub,
+# ---- adapter folders other libraries are pointed at, and adapters that must be the same bytes run to run
+
+def fails_with(code: int, argv: list[str], capsys: pytest.CaptureFixture, *expected: str) -> str:
+    """:func:`fails` for any exit code (3: a Hub failure)."""
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("hf-clroute: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for part in expected:
+        assert part in lines[0], f"{part!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def resume_args(suite_file: Path, out: Path) -> list[str]:
+    return ["train", "--suite", str(suite_file), "--method", "finetune", "--output-dir", str(out), "--no-progress",
+            "--resume", "--checkpoint-every", "2"]
+
+
+@pytest.fixture(scope="module")
+def stopped_run(suite_file, tmp_path_factory) -> Path:
+    """A run stopped after 7 steps, checkpointed every 2 (two kept): the first task's end (step 4), and step 6
+    mid-task, whose Accelerate state holds the optimizer's."""
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    assert train(str(suite_file), out, "--checkpoint-every", "2", "--stop-after-steps", "7") == 0
+    assert [checkpoint.checkpoint_key(p)[0] for p in checkpoint.list_checkpoints(out / "checkpoints")] == [4, 6]
+    return out
+
+
+def copy_run(stopped_run: Path, tmp_path: Path, only: str | None = None) -> Path:
+    """A copy of the stopped run's output directory; ``only``: keep just that checkpoint, named by ``latest``."""
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(stopped_run, out)
+    root = out / "checkpoints"
+    if only is not None:
+        for path in checkpoint.list_checkpoints(root):
+            if path.name != only:
+                shutil.rmtree(path)
+        (root / checkpoint.LATEST).write_text(only + "\n")
+    return out
+
+
+def test_a_full_disk_while_a_checkpoint_is_saved_is_one_line_and_latest_stays_whole(suite_file, tmp_path, capsys,
+                                                                                   monkeypatch, uninterrupted):
+    import accelerate.checkpointing
+    from safetensors import SafetensorError
+
+    from hf_clroute.core import model as model_module
+
+    out, root = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    save_file, torch_save = model_module.save_file, accelerate.checkpointing.save
+
+    def full_disk(tensors, filename, metadata=None):  # what safetensors raises when the disk fills
+        if ".tmp-ckpt-00000004" in str(filename):
+            raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+        return save_file(tensors, filename, metadata=metadata)
+
+    def write_failed(obj, path, *args, **kwargs):  # what torch.save raises when the disk fills
+        if ".tmp-ckpt-00000004" in str(path):
+            raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 64 vs 0 "
+                               "PytorchStreamWriter failed writing file data/0: file write failed")
+        return torch_save(obj, path, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(accelerate.checkpointing, "save", write_failed)
+        fails(["train", "--suite", str(suite_file), "--method", "finetune", "--output-dir", str(out), "--no-progress",
+               "--checkpoint-every", "2"], capsys, f"checkpoint {root / 'ckpt-00000004'} was not saved",
+              "file write failed", "'latest' still names ckpt-00000002")
+    with monkeypatch.context() as patch:
+        patch.setattr(model_module, "save_file", full_disk)
+        fails(resume_args(suite_file, out), capsys, f"checkpoint {root / 'ckpt-00000004'} was not saved",
+              "No space left on device", "the disk is full", "'latest' still names ckpt-00000002")
+    assert (root / checkpoint.LATEST).read_text().strip() == "ckpt-00000002"
+    assert [p.name for p in checkpoint.list_checkpoints(root)] == ["ckpt-00000002"]
+    assert checkpoint.is_complete(root / "ckpt-00000002") and not list(root.glob(".tmp-*"))  # the space is freed
+    assert main(resume_args(suite_file, out)) == 0
+    assert json.loads((out / "result.json").read_text())["accuracy_matrix"] == uninterrupted
+
+
+def test_a_truncated_optimizer_state_falls_back_to_the_previous_checkpoint(suite_file, stopped_run, tmp_path, capsys,
+                                                                           caplog, uninterrupted):
+    import logging
+
+    out = copy_run(stopped_run, tmp_path)
+    root = out / "checkpoints"
+    latest = root / (root / checkpoint.LATEST).read_text().strip()
+    optimizer = latest / "accelerate" / "optimizer.bin"
+    optimizer.write_bytes(optimizer.read_bytes()[:100])
+    assert not checkpoint.is_complete(latest)
+    with caplog.at_level(logging.WARNING, logger=checkpoint.__name__):
+        assert main(resume_args(suite_file, out)) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == checkpoint.__name__]
+    assert len(said) == 1, said  # said once, though both the resume check and the trainer look
+    for part in ("'latest' names 'ckpt-00000006', which is damaged: accelerate/optimizer.bin is 100 bytes",
+                 "resuming from ckpt-00000004.1"):
+        assert part in said[0], said[0]
+    assert json.loads((out / "result.json").read_text())["accuracy_matrix"] == uninterrupted
+
+    # The only checkpoint damaged: one line naming it and the file; nothing written or removed.
+    solo = copy_run(stopped_run, tmp_path / "solo", only="ckpt-00000006")
+    optimizer = solo / "checkpoints" / "ckpt-00000006" / "accelerate" / "optimizer.bin"
+    optimizer.write_bytes(optimizer.read_bytes()[:-10])
+    before = snapshot(solo / "checkpoints")
+    fails(resume_args(suite_file, solo), capsys, "no complete checkpoint", "ckpt-00000006",
+          "accelerate/optimizer.bin")
+    assert snapshot(solo / "checkpoints") == before
+
+
+class _Payload:
+    """A pickle that, once loaded with the full unpickler, creates a directory: proof that it ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return os.makedirs, (self.marker,)
+
+
+def test_a_malicious_rng_state_is_refused_naming_the_file(suite_file, stopped_run, tmp_path, capsys):
+    import torch
+
+    out = copy_run(stopped_run, tmp_path)
+    marker = tmp_path / "payload-ran"
+    latest = out / "checkpoints" / (out / "checkpoints" / checkpoint.LATEST).read_text().strip()
+    rng = latest / "accelerate" / "random_states_0.pkl"
+    torch.save({"random_state": _Payload(marker)}, rng)
+    before = snapshot(out / "checkpoints")
+    line = fails(resume_args(suite_file, out), capsys, str(rng), "not a plain tensor state")
+    assert "weights_only" not in line and not marker.exists()  # never advises the unsafe load; never ran it
+    assert snapshot(out / "checkpoints") == before
+
+
+def test_a_hub_answering_500_is_reported_as_the_servers_answer(hub_server, suite_file, capsys, monkeypatch):
+    from huggingface_hub.utils import _http
+
+    from hf_clroute.testing.hub_store import HubError as Answer
+
+    for fn in (_http.http_backoff, _http.http_stream_backoff):  # the client retries a 500: no long waits here
+        kwdefaults = getattr(fn, "__kwdefaults__", None) or {}
+        if {"base_wait_time", "max_wait_time"} <= kwdefaults.keys():
+            monkeypatch.setitem(kwdefaults, "base_wait_time", 0.01)
+            monkeypatch.setitem(kwdefaults, "max_wait_time", 0.02)
+
+    def broken(method, path):
+        raise Answer(500, "the database is down")
+
+    monkeypatch.setattr(hub_server, "route", broken)
+    line = fails_with(3, ["evaluate", "--adapter", "tester/x", "--suite", str(suite_file)], capsys,
+                      "500", hub_server.url, "adapter 'tester/x'")
+    assert "unreachable" not in line
+
+
+def _vit_without_pooler(path: Path) -> Path:
+    """A ViT directory saved without a pooler, as the committed backbones are: each load initialises one afresh."""
+    import torch
+    from transformers import ViTImageProcessor, ViTModel
+
+    from hf_clroute.backbones.catalog import tiny_vit_config
+
+    torch.manual_seed(0)
+    ViTModel(tiny_vit_config(), add_pooling_layer=False).save_pretrained(path)
+    ViTImageProcessor(size={"height": 16, "width": 16}).save_pretrained(path)
+    return path
+
+
+def test_adapter_folders_say_how_to_load_them_and_are_the_same_bytes_run_to_run(tmp_path):
+    from transformers import AutoModel
+
+    from hf_clroute import get_cl_model
+    from hf_clroute.backbones.catalog import load_backbone
+    from hf_clroute.baselines import FinetuneConfig
+    from hf_clroute.baselines.lora.config import LoraBaselineConfig
+
+    base = _vit_without_pooler(tmp_path / "vit")
+    for name in ("one", "two"):  # the backbone trains: its fresh, unread pooler must not be saved
+        model = get_cl_model(load_backbone(str(base))[0], FinetuneConfig())
+        model.grow_head(4)
+        model.save_pretrained(tmp_path / name)
+    assert snapshot(tmp_path / "one") == snapshot(tmp_path / "two")
+    lora = get_cl_model(load_backbone(str(base))[0], LoraBaselineConfig(r=2))
+    lora.save_pretrained(tmp_path / "lora")
+    for name in ("one", "lora"):
+        readme = (tmp_path / name / "README.md").read_text()
+        assert "hf_clroute adapter" in readme and "AutoCLModel.from_pretrained(" in readme, readme
+    with pytest.raises(ValueError, match="model_type"):  # transformers' own error; the README says what to do
+        AutoModel.from_pretrained(tmp_path / "one")
+    # A LoRA folder is also PEFT's: transformers loads the backbone with the LoRA weights, and no head; said so.
+    assert type(AutoModel.from_pretrained(tmp_path / "lora")).__name__ == "ViTModel"
+    assert "not this adapter's head and labels" in (tmp_path / "lora" / "README.md").read_text()
+    # A model card already there keeps its text and gains the line.
+    (tmp_path / "card").mkdir()
+    (tmp_path / "card" / "README.md").write_text("# my card\n")
+    model.save_pretrained(tmp_path / "card")
+    card = (tmp_path / "card" / "README.md").read_text()
+    assert card.startswith("# my card\n") and card.count("AutoCLModel.from_pretrained(") == 1
+
+
+def test_a_flipped_bit_in_a_peft_file_is_reported_against_that_file(tmp_path):
+    from hf_clroute import get_cl_model
+    from hf_clroute.backbones.catalog import load_backbone
+    from hf_clroute.baselines.lora.config import LoraBaselineConfig
+    from hf_clroute.core.model import PEFT_WEIGHTS_NAME, WEIGHTS_NAME, CLModel
+
+    base = str(_vit_without_pooler(tmp_path / "vit"))
+    get_cl_model(load_backbone(base)[0], LoraBaselineConfig(r=2)).save_pretrained(tmp_path / "lora")
+    peft_file = tmp_path / "lora" / PEFT_WEIGHTS_NAME
+    data = bytearray(peft_file.read_bytes())
+    data[-1] ^= 0x01  # the last byte of the last tensor
+    peft_file.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=f"{PEFT_WEIGHTS_NAME}: tensor checksum does not match") as raised:
+        CLModel.from_pretrained(load_backbone(base)[0], tmp_path / "lora")
+    assert WEIGHTS_NAME not in str(raised.value)
+
+
+def test_push_says_a_method_name_is_invalid(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "adapters" / "finetune").mkdir(parents=True)
+    (run / "results.json").write_text("{}")
+    fails(["push", str(run), "--repo-id", "me/x", "--method", "../../x"], capsys,
+          "--method '../../x' is not a method name", "['finetune']")
+    fails(["push", str(run), "--repo-id", "me/x", "--method", "ncm"], capsys,
+          "--method 'ncm'", "holds no adapter of that method", "['finetune']")

@@ -33,7 +33,9 @@ STATISTICS_METHODS = {
     "simplecil": lambda **kw: SimpleCILConfig(**kw),
     "ncm-euclidean": lambda **kw: NCMConfig(metric="euclidean", **kw),
     "slda": lambda **kw: SLDAConfig(**kw),
-    "ranpac": lambda **kw: RanPACConfig(head_options={"projection_dim": 96, "ridge_lambda": 0.5, "nonlinearity": "relu"}, **kw),
+    "ranpac": lambda **kw: RanPACConfig(
+        head_options={"projection_dim": 96, "ridge_lambda": 0.5, "nonlinearity": "relu"}, **kw
+    ),
 }
 
 
@@ -48,7 +50,8 @@ def one_thread():
 @pytest.fixture(scope="module")
 def stream():
     return class_incremental(
-        load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=10, test_per_class=4, name="mnist"
+        load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=10, test_per_class=4,
+        name="mnist",
     )
 
 
@@ -133,7 +136,8 @@ def test_save_load_is_bit_identical(name, stream, fitted, tmp_path):
 def test_resume_mid_task_equals_uninterrupted(stream, fitted, tmp_path):
     full = fitted("slda")
     ckpt = tmp_path / "ckpt"
-    options = {"batch_size": 8, "learning_rate": 1e-3, "progress": False, "checkpoint_dir": str(ckpt), "checkpoint_every": 3}
+    options = {"batch_size": 8, "learning_rate": 1e-3, "progress": False, "checkpoint_dir": str(ckpt),
+               "checkpoint_every": 3}
     for stop in (7, 0):  # killed at step 7 (checkpoint at step 6, mid task 1), then resumed to the end
         training = TrainingConfig(**options, stop_after_steps=stop)
         model = get_cl_model(tiny_vit(), SLDAConfig())
@@ -213,7 +217,8 @@ def test_loss_with_unseen_classes_is_finite():
         (lambda: FinetuneConfig(head="mlp"), r"FinetuneConfig\.head must be one of .*'linear'.*'ranpac'"),
         (lambda: FinetuneConfig(head="lda", head_options={"shrinkage": 2.0}), r"head_options.*shrinkage"),
         (lambda: FinetuneConfig(head="prototype", head_options={"metric": "manhattan"}), r"head_options.*metric"),
-        (lambda: FinetuneConfig(head="prototype", head_options={"shrinkage": 0.1}), r"head_options.*unknown option.*shrinkage"),
+        (lambda: FinetuneConfig(head="prototype", head_options={"shrinkage": 0.1}),
+         r"head_options.*unknown option.*shrinkage"),
         (lambda: FinetuneConfig(head="ranpac", head_options={"projection_dim": 0}), r"head_options.*projection_dim"),
         (lambda: FinetuneConfig(head="ranpac", head_options={"seed": 1}), r"head_options.*'seed'.*head_init_seed"),
         (lambda: FinetuneConfig(head="lda", head_options={"num_classes": 3}), r"head_options.*'num_classes'"),

@@ -60,7 +60,9 @@ def domain_features(domain: int, label: int, n: int, rng: np.random.Generator) -
     return x.astype(np.float32)
 
 
-def feature_stream(n_domains: int, train_per_class: int = 40, test_per_class: int = 10, seed: int = 0) -> list[Experience]:
+def feature_stream(
+    n_domains: int, train_per_class: int = 40, test_per_class: int = 10, seed: int = 0
+) -> list[Experience]:
     """Class-incremental: task k = domain k with classes 2k and 2k+1."""
     rng = np.random.default_rng(seed)
     stream = []
@@ -155,7 +157,8 @@ def wilson_reference(successes: int, n: int, z: float) -> float:
 
 @pytest.mark.parametrize("successes,n", [(0, 20), (3, 20), (15, 20), (19, 20), (20, 20), (7, 13), (48, 100)])
 def test_wilson_bound_matches_reference(successes, n):
-    assert wilson_lower_bound(successes, n, 1.645) == pytest.approx(max(0.0, wilson_reference(successes, n, 1.645)), abs=1e-12)
+    expected = max(0.0, wilson_reference(successes, n, 1.645))
+    assert wilson_lower_bound(successes, n, 1.645) == pytest.approx(expected, abs=1e-12)
 
 
 def test_wilson_bound_matches_scipy():
@@ -285,7 +288,9 @@ def test_save_load_and_continue_equals_not_stopping(tmp_path):
     full_model, full = fit(config, stream, eval_every=4)
     # Stop mid-task 2 (of 0..3); the run continues from the checkpoint in a new process-like object.
     ckpt = tmp_path / "ckpt"
-    _, partial = fit(small_config(), stream, eval_every=4, checkpoint_dir=str(ckpt), checkpoint_every=4, stop_after_steps=21)
+    _, partial = fit(
+        small_config(), stream, eval_every=4, checkpoint_dir=str(ckpt), checkpoint_every=4, stop_after_steps=21
+    )
     assert not partial.finished
     resumed_model, resumed = fit(
         small_config(), stream, eval_every=4, checkpoint_dir=str(ckpt), checkpoint_every=4, resume_from=ckpt
@@ -490,7 +495,8 @@ def test_backbone_space_anchors_are_routed_through_the_memory():
     torch.testing.assert_close(method.class_stats.means()[0].float(), raw[labels == 0].mean(0), rtol=0, atol=1e-5)
     drawn, _ = method.draw_anchors(model, torch.zeros(1))
     generator = torch.Generator().manual_seed(method.config.memory_init_seed * 1_000_003 + method.steps_seen)
-    h, _ = method.class_stats.sample(torch.arange(4), method.config.anchors_per_class, method.config.covariance_shrinkage, generator)
+    config = method.config
+    h, _ = method.class_stats.sample(torch.arange(4), config.anchors_per_class, config.covariance_shrinkage, generator)
     with torch.no_grad():
         torch.testing.assert_close(drawn, method.memory(h).output, rtol=0, atol=0)
 
@@ -616,7 +622,8 @@ def test_distillation_over_all_logits_is_old_logit_kd_plus_new_class_mass_penalt
     expected = distillation(student[:, :3], teacher, T) - torch.log1p(-mass_new).mean() * T**2
     torch.testing.assert_close(distillation(student, teacher, T), expected)
     # Equal widths: the Hinton KL, as torch computes it.
-    reference = F.kl_div(F.log_softmax(student[:, :3] / T, -1), F.softmax(teacher / T, -1), reduction="batchmean") * T**2
+    log_p, q = F.log_softmax(student[:, :3] / T, -1), F.softmax(teacher / T, -1)
+    reference = F.kl_div(log_p, q, reduction="batchmean") * T**2
     torch.testing.assert_close(distillation(student[:, :3], teacher, T), reference)
 
 

@@ -26,7 +26,9 @@ from hf_clroute.engine.first_session import adapter_parameters
 from hf_clroute.methods.mars import MarsConfig
 
 
-def feature_stream(n_domains: int, train_per_class: int = 30, test_per_class: int = 10, seed: int = 0) -> list[Experience]:
+def feature_stream(
+    n_domains: int, train_per_class: int = 30, test_per_class: int = 10, seed: int = 0
+) -> list[Experience]:
     """Class-incremental: task k = domain k (axes 4k..4k+3) with classes 2k and 2k+1 (sign of axis 4k+1)."""
     rng = np.random.default_rng(seed)
     stream = []
@@ -187,8 +189,9 @@ def test_a_statistics_head_needs_adaptation_naming_the_field():
 
 def test_settings_row_resolves_for_split_mnist():
     """(e) The row: MaRS with mars-paper's memory (the first reading, as the row was measured), the LDA
-    head, adaptation on the first task for 5 epochs, control slda; the tuner's 12 points (the shared learning rates x the adaptation's epochs) each resolve
-    to a run with their values (a nested key, so through the tuner's ``selected``)."""
+    head, adaptation on the first task for 5 epochs, control slda; the tuner's 12 points (the shared
+    learning rates x the adaptation's epochs) each resolve to a run with their values (a nested key, so
+    through the tuner's ``selected``)."""
     from hf_clroute.bench.harness.settings import method_file, method_variants, resolve_run
     from hf_clroute.bench.harness.suites import SuiteConfig
     from hf_clroute.bench.runners.tune import BUDGET, LEARNING_RATES, search_grid, selected

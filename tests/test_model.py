@@ -174,4 +174,4 @@ def test_unsupported_modality_for_method():
 
 def test_save_is_atomic_and_leaves_no_temp_files(tmp_path):
     _saved_finetune(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [CONFIG_NAME, WEIGHTS_NAME]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", CONFIG_NAME, WEIGHTS_NAME]

@@ -40,7 +40,8 @@ def test_a_metric_pair_reads_that_field_of_each_seed_as_the_lm_and_plasticity_sc
     rows = json.loads((results / "results.json").read_text())["methods"]
     for side, method in (("a_per_seed", "apn-all"), ("b_per_seed", "dense-all")):
         assert retention[side] == {str(r["seed"]): r["retention"] for r in rows[method]["per_seed"]}
-    diffs = [a["retention"] - b["retention"] for a, b in zip(rows["apn-all"]["per_seed"], rows["dense-all"]["per_seed"])]
+    pairs = zip(rows["apn-all"]["per_seed"], rows["dense-all"]["per_seed"])
+    diffs = [a["retention"] - b["retention"] for a, b in pairs]
     assert retention["metric"] == "retention" and retention["mean"] == pytest.approx(sum(diffs) / len(diffs))
     assert "no field 'A_T'" in refusal(results, "dense-all:apn-all")  # a:b is A_T, which LM rows do not have
 

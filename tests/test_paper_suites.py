@@ -33,7 +33,8 @@ RUNS = [(f"{suite}-standin", method) for suite in PAPER_SUITES
 def test_paper_suites_name_the_hub_data_the_backbone_and_the_papers_settings():
     cifar, imr, bank = (SuiteConfig.load(name) for name in PAPER_SUITES)
     assert (cifar.dataset, cifar.input_column, cifar.label_column) == ("uoft-cs/cifar100", "img", "fine_label")
-    assert (imr.dataset, imr.input_column, imr.train_split, imr.test_split) == ("axiong/imagenet-r", "image", "test", None)
+    imr_columns = (imr.dataset, imr.input_column, imr.train_split, imr.test_split)
+    assert imr_columns == ("axiong/imagenet-r", "image", "test", None)
     assert cifar.backbone == imr.backbone == "google/vit-base-patch16-224-in21k" and cifar.image_size == 224
     assert bank.backbone == "bert-base-uncased" and bank.dataset == "legacy-datasets/banking77"
     # 10 tasks each: 100 classes x 10, 200 x 20, 70 x 7; online (one pass), batch 10.

@@ -73,7 +73,8 @@ def test_lora_on_vit_loads_with_peft_and_with_ours(tmp_path):
 
 
 def test_lora_on_a_char_lm_is_a_peft_causal_lm(tmp_path):
-    base = saved_backbone(tmp_path / "lm", GPT2LMHeadModel, char_lm_config(40, n_embd=32, n_layer=2, n_head=2, n_positions=32))
+    lm_config = char_lm_config(40, n_embd=32, n_layer=2, n_head=2, n_positions=32)
+    base = saved_backbone(tmp_path / "lm", GPT2LMHeadModel, lm_config)
     model = perturbed(get_cl_model(GPT2LMHeadModel.from_pretrained(base), LoraBaselineConfig(r=2)))
     model.save_pretrained(tmp_path / "adapter")
     assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["task_type"] == "CAUSAL_LM"
@@ -108,7 +109,9 @@ def test_peft_format_round_trips_through_the_hub(hub_server, hub_repo_id, tmp_pa
     with torch.no_grad():
         assert torch.equal(AutoCLModel.from_pretrained(hub_repo_id)(**pixels).logits, model(**pixels).logits)
         peft = PeftModel.from_pretrained(ViTModel.from_pretrained(base), hub_repo_id).eval()
-        torch.testing.assert_close(peft(**pixels).last_hidden_state[:, 0], model.extract_features(pixels), rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            peft(**pixels).last_hidden_state[:, 0], model.extract_features(pixels), rtol=0, atol=1e-6
+        )
 
 
 def test_other_methods_keep_our_format_and_a_resave_drops_the_peft_files(tmp_path):
@@ -116,7 +119,7 @@ def test_other_methods_keep_our_format_and_a_resave_drops_the_peft_files(tmp_pat
     perturbed(get_cl_model(load_backbone(base)[0], LoraBaselineConfig(r=2))).save_pretrained(tmp_path / "adapter")
     finetune = perturbed(get_cl_model(load_backbone(base)[0], FinetuneConfig()))
     finetune.save_pretrained(tmp_path / "adapter")
-    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == [CONFIG_NAME, WEIGHTS_NAME]
+    assert sorted(p.name for p in (tmp_path / "adapter").iterdir()) == ["README.md", CONFIG_NAME, WEIGHTS_NAME]
     assert load_config(tmp_path / "adapter") == finetune.config
 
 

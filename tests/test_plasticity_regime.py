@@ -25,7 +25,8 @@ def test_qoa_support_has_the_configured_size_once_the_task_buffer_holds_it():
     suite = load_plasticity_suite("permuted-mnist-plasticity", quick=True)
     learner = build_learner("qoa", suite, 49, seed=0).learner
     g = torch.Generator().manual_seed(0)
-    x, y = torch.rand(suite.qoa["buffer_size"], 49, generator=g), torch.randint(0, 10, (suite.qoa["buffer_size"],), generator=g)
+    n = suite.qoa["buffer_size"]
+    x, y = torch.rand(n, 49, generator=g), torch.randint(0, 10, (n,), generator=g)
     for xb, yb in zip(x.split(10), y.split(10)):
         learner.observe(xb, yb, task=3)
     _, support_x, support_y = learner.prepare(x[:5], task=3, train=True)
@@ -49,7 +50,8 @@ def test_the_paper_support_row_is_qoa_with_a_support_of_1000_in_training_and_eva
     assert learner_name == "qoa" and variant.qoa["support_size"] == variant.qoa["eval_support_size"] == 1000
     assert variant.qoa["support_size"] <= variant.qoa["buffer_size"]
     # only QOA's block changes: the stream and every other setting are the base rows'
-    assert {k: v for k, v in vars(variant).items() if k != "qoa"} == {k: v for k, v in vars(suite).items() if k != "qoa"}
+    base_rest = {k: v for k, v in vars(suite).items() if k != "qoa"}
+    assert {k: v for k, v in vars(variant).items() if k != "qoa"} == base_rest
     assert suite.qoa["support_size"] == 100  # the base row is untouched
     learner = build_learner(learner_name, variant, 49, seed=0).learner
     x, y = torch.rand(1000, 49), torch.randint(0, 10, (1000,))

@@ -42,7 +42,9 @@ def _model(config=None):
 def _trainer(stream, model=None, **training):
     config = TrainingConfig(**{"batch_size": 8, "eval_batch_size": 8, "progress": False, **training})
     model = model or _model()
-    return ContinualTrainer(model, stream, config, ImageCollator(16, num_channels=3), make_accelerator(config, cpu=True))
+    return ContinualTrainer(
+        model, stream, config, ImageCollator(16, num_channels=3), make_accelerator(config, cpu=True)
+    )
 
 
 def _fake_table(monkeypatch, hardware=True, **row):
@@ -150,12 +152,17 @@ def test_bf16_runs_the_training_forward_and_evaluation_under_autocast_with_an_fp
     trainer = _trainer(stream, model, precision="bf16")
     losses = []
     backward = trainer.accelerator.backward
-    monkeypatch.setattr(trainer.accelerator, "backward", lambda loss, **kw: (losses.append(loss.dtype), backward(loss, **kw)))
+    def recording_backward(loss, **kw):
+        losses.append(loss.dtype)
+        return backward(loss, **kw)
+
+    monkeypatch.setattr(trainer.accelerator, "backward", recording_backward)
     result = trainer.fit()
     assert result.finished and losses and set(losses) == {torch.float32}
     assert (True, True) in seen and (True, False) in seen  # training steps and evaluations
     assert all(on for on, _ in seen)
-    assert result.records["precision"]["train"]["dtype"] == "bf16" and "bf16 set" in result.records["precision"]["eval"]["reason"]
+    records = result.records["precision"]
+    assert records["train"]["dtype"] == "bf16" and "bf16 set" in records["eval"]["reason"]
     assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast, not a cast of the weights
 
 
@@ -202,7 +209,8 @@ def test_statistics_stay_float64_and_kept_features_float32_under_bf16(stream):
 def test_evaluate_experience_resolves_a_setting_itself(stream):
     model = _model()
     seen = _record_autocast(model)
-    loader = make_test_loader(stream[0], ImageCollator(16, num_channels=3), 8, make_accelerator(TrainingConfig(), cpu=True))
+    accelerator = make_accelerator(TrainingConfig(), cpu=True)
+    loader = make_test_loader(stream[0], ImageCollator(16, num_channels=3), 8, accelerator)
     evaluate_experience(model, loader, make_accelerator(TrainingConfig(), cpu=True), precision="bf16")
     assert seen and all(on for on, _ in seen)
 

@@ -22,7 +22,8 @@ from hf_clroute.core.method import ContinualMethod, StepContext
 from hf_clroute.core.outputs import CLModelOutput
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = {"l2p": L2PConfig, "dualprompt": DualPromptConfig, "coda-prompt": CodaPromptConfig, "online-lora": OnlineLoraConfig}
+METHODS = {"l2p": L2PConfig, "dualprompt": DualPromptConfig, "coda-prompt": CodaPromptConfig,
+           "online-lora": OnlineLoraConfig}
 
 
 def vit(layers: int = 5) -> ViTModel:
@@ -117,7 +118,8 @@ def test_prompts_on_bert_with_padding_match_each_sentence_alone(config, attn):
 # ---- DualPrompt: G and E prefixes at their blocks, on keys and values only ---------------------------
 
 
-def reference_prefix_attention(attention: torch.nn.Module, x: torch.Tensor, pk: torch.Tensor, pv: torch.Tensor) -> torch.Tensor:
+def reference_prefix_attention(attention: torch.nn.Module, x: torch.Tensor, pk: torch.Tensor,
+                               pv: torch.Tensor) -> torch.Tensor:
     """ViT self-attention with prefix keys and values, written out: q from the tokens only."""
     heads = attention.config.num_attention_heads
     b, n, d = x.shape
@@ -195,7 +197,8 @@ def trainer_for(model, n_tasks: int = 3):
     stream = class_incremental(load_source("mnist"), n_tasks=n_tasks, seed=0, classes=list(range(2 * n_tasks)),
                                train_per_class=2, test_per_class=2, name="mnist")
     config = TrainingConfig(batch_size=4, progress=False)
-    return ContinualTrainer(model, stream, config, ImageCollator(16, num_channels=3), make_accelerator(config, cpu=True))
+    collator = ImageCollator(16, num_channels=3)
+    return ContinualTrainer(model, stream, config, collator, make_accelerator(config, cpu=True))
 
 
 def test_dualprompt_refuses_more_tasks_than_e_prompts_before_training():

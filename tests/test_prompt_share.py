@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -41,9 +40,11 @@ def test_the_head_and_the_backbone_are_not_counted(monkeypatch):
     assert small["added_params"] == small["trainable_params"]  # RwF's routers all train throughout
 
 
-def test_the_command_writes_its_json(tmp_path):
+def test_the_command_writes_its_json(tmp_path, monkeypatch, capsys):
+    # `python training/prompt_share.py ...`'s own main, in this process (a fresh interpreter costs seconds of imports)
     out = tmp_path / "share.json"
-    subprocess.run([sys.executable, str(ROOT / "training" / "prompt_share.py"), "--methods", "l2p", "--tasks", "2",
-                    "--out", str(out)], check=True, capture_output=True)
+    monkeypatch.setattr(sys, "argv", ["prompt_share.py", "--methods", "l2p", "--tasks", "2", "--out", str(out)])
+    prompt_share.main()
+    assert capsys.readouterr().out.startswith("l2p ")
     saved = json.loads(out.read_text())
     assert saved["backbone"] == "vit-b16" and saved["methods"]["l2p"]["added_pct"] > 0

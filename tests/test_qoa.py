@@ -173,7 +173,8 @@ def test_buffer_items_are_training_queries_weighted_like_batch_queries():
     full = F.cross_entropy(out.logits, batch["labels"])
     torch.testing.assert_close(out.losses["ce"], full * 4 / 10)
     log_probs = method.predict(method.buffer.storage("features")[slots], query_slots=slots)
-    torch.testing.assert_close(out.losses["replay"], F.nll_loss(log_probs, method.buffer.storage("labels")[slots]) * 6 / 10)
+    replay = F.nll_loss(log_probs, method.buffer.storage("labels")[slots])
+    torch.testing.assert_close(out.losses["replay"], replay * 6 / 10)
     # Buffer queries only: the batch term carries no gradient; nothing is replayed at evaluation.
     only = filled_model(n=40, replay_queries=6, batch_queries=False)
     only.train()
@@ -355,8 +356,10 @@ def test_memory_mlps_get_qoas_task_ids_and_memory():
     torch.testing.assert_close(memory.predict(x, 2), full[:, 2])
     # The Hessian is over one head: the size of a single-head MLP's last layer.
     problem = memory.hessian_problem(tasks[2].x_train[:6], tasks[2].y_train[:6], 2)
-    assert parameter_count(*problem) == (8 + 1) * 10 == parameter_count(*build_learner("backprop", suite, 6, 0).hessian_problem(x, x, 0))
-    torch.testing.assert_close(problem[0](*problem[2]), full_head := memory.outputs(tasks[2].x_train[:6], torch.full((6,), 2)))
+    single_head = build_learner("backprop", suite, 6, 0).hessian_problem(x, x, 0)
+    assert parameter_count(*problem) == (8 + 1) * 10 == parameter_count(*single_head)
+    full_head = memory.outputs(tasks[2].x_train[:6], torch.full((6,), 2))
+    torch.testing.assert_close(problem[0](*problem[2]), full_head)
     assert full_head.shape == (6, 10)
     # Runs report the effective rank per parameter of the differentiated set too.
     suite.hessian_every, suite.hessian_examples, suite.window = 1, 6, 1

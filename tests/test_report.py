@@ -18,7 +18,8 @@ def fake_run(root, suite: str, a_t: dict[str, float], image: bool = False) -> No
     if not image:
         results["reference"] = {}  # marks a classification bench run
     (folder / "results.json").write_text(json.dumps(results))
-    (folder / "results.md").write_text(f"# {suite}\n\n| its own table |\n" + ("\n![curve](curve.png)\n" if image else ""))
+    curve = "\n![curve](curve.png)\n" if image else ""
+    (folder / "results.md").write_text(f"# {suite}\n\n| its own table |\n" + curve)
 
 
 def test_report_writes_an_index_and_the_pages_beside_the_results(tmp_path, monkeypatch):

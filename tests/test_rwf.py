@@ -50,7 +50,8 @@ def tiny_bert(attn: str = "sdpa") -> BertModel:
 
 def tiny_lm(attn: str = "sdpa") -> GPT2LMHeadModel:
     torch.manual_seed(0)
-    return GPT2LMHeadModel(char_lm_config(40, n_embd=32, n_layer=2, n_head=2, n_positions=64, attn_implementation=attn)).eval()
+    config = char_lm_config(40, n_embd=32, n_layer=2, n_head=2, n_positions=64, attn_implementation=attn)
+    return GPT2LMHeadModel(config).eval()
 
 
 def pixels(n: int = 3) -> dict[str, torch.Tensor]:
@@ -79,7 +80,9 @@ def capture_attention_lengths(model: CLModel) -> list[tuple[int, int]]:
     seen: list[tuple[int, int]] = []
     for module in model.modules():
         if isinstance(module, RoutedAttention):
-            module.base_layer.register_forward_hook(lambda m, args, kwargs, out: seen.append((args[0].shape[1], out[0].shape[1])), with_kwargs=True)
+            module.base_layer.register_forward_hook(
+                lambda m, args, kwargs, out: seen.append((args[0].shape[1], out[0].shape[1])), with_kwargs=True
+            )
     return seen
 
 
@@ -141,7 +144,10 @@ def test_vit_prompts_added_then_dropped(attn):
 
 
 def test_vit_sdpa_and_eager_agree():
-    out = {attn: get_cl_model(tiny_vit(attn), RwfConfig(num_prompts=5)).backbone(**pixels()).last_hidden_state for attn in ATTN}
+    out = {
+        attn: get_cl_model(tiny_vit(attn), RwfConfig(num_prompts=5)).backbone(**pixels()).last_hidden_state
+        for attn in ATTN
+    }
     torch.testing.assert_close(out["sdpa"], out["eager"], atol=1e-5, rtol=1e-5)
 
 
@@ -193,7 +199,8 @@ def test_causal_lm_left_padding_is_ignored(attn):
     alone = model(input_ids=ids).logits
     padded_ids = torch.cat([torch.full((1, 3), 9), ids], dim=1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 8, dtype=torch.long)], dim=1)
-    padded = model(input_ids=padded_ids, attention_mask=mask, position_ids=torch.clamp(mask.cumsum(1) - 1, min=0)).logits
+    position_ids = torch.clamp(mask.cumsum(1) - 1, min=0)
+    padded = model(input_ids=padded_ids, attention_mask=mask, position_ids=position_ids).logits
     torch.testing.assert_close(padded[:, 3:], alone, atol=1e-5, rtol=1e-5)
 
 
@@ -213,7 +220,9 @@ def test_causal_lm_generates_and_refuses_a_stale_cache():
 
 
 def router_and_tokens(**overrides) -> tuple[HopfieldRouter, torch.Tensor]:
-    config = RwfConfig(**{"num_prompts": 4, "key_init": "orthogonal", "value_init": "orthogonal", "routing": "dot", **overrides})
+    config = RwfConfig(
+        **{"num_prompts": 4, "key_init": "orthogonal", "value_init": "orthogonal", "routing": "dot", **overrides}
+    )
     router = HopfieldRouter(16, config, seed=5).double()
     tokens = torch.randn(2, 9, 16, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     return router, tokens
@@ -241,7 +250,8 @@ def test_routing_is_the_free_energy_minimiser():
     g = torch.Generator().manual_seed(6)
     best = free_energy(weights, scores, router.beta)
     for _ in range(20):
-        other = torch.softmax(torch.log(weights) + 0.3 * torch.randn(weights.shape, generator=g, dtype=torch.float64), -1)
+        noise = torch.randn(weights.shape, generator=g, dtype=torch.float64)
+        other = torch.softmax(torch.log(weights) + 0.3 * noise, -1)
         assert (free_energy(other, scores, router.beta) > best).all()
 
 
@@ -290,7 +300,10 @@ def test_routing_is_lipschitz_in_the_tokens():
 
 @pytest.fixture(scope="module")
 def stream():
-    return class_incremental(load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=16, test_per_class=8, name="mnist")
+    return class_incremental(
+        load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=16, test_per_class=8,
+        name="mnist",
+    )
 
 
 def test_engine_trains_only_the_query_side_and_frozen_projections_stay(stream):
@@ -409,16 +422,20 @@ def test_pretrained_minilm_with_padding(attn):
     assert all(r.query_proj.weight.grad.abs().sum() > 0 for r in model.method.routers.values())
 
 
+def vit_b16_config() -> ViTConfig:
+    return ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, image_size=224, patch_size=16)
+
+
 def test_trainable_share_on_vit_b16_is_about_two_percent():
     with torch.device("meta"):  # ViT-B/16-sized, counted without allocating or running it
-        backbone = ViTModel(ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, image_size=224, patch_size=16))
+        backbone = ViTModel(vit_b16_config())
     model = get_cl_model(backbone, RwfConfig())
     model.grow_head(100)
     counts = model.parameter_counts()
     assert counts["backbone_params"] > 85e6
     assert 1.5 <= counts["trainable_pct"] <= 2.5
     with torch.device("meta"):
-        backbone = ViTModel(ViTConfig(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, image_size=224, patch_size=16))
+        backbone = ViTModel(vit_b16_config())
     static = get_cl_model(backbone, RwfConfig(query_mode="static"))
     assert static.parameter_counts()["trainable_pct"] < 0.1
 
@@ -448,7 +465,8 @@ def test_dot_routing_is_the_paper_form_with_beta_from_beta_scale():
     router, tokens = router_and_tokens(beta_scale=0.25)
     assert router.beta == pytest.approx(0.25 / 4)  # d = 16
     with torch.no_grad():
-        expected = torch.softmax(router.beta * torch.einsum("md,bld->bml", router.query(), tokens @ router.key_weight), -1)
+        scores = torch.einsum("md,bld->bml", router.query(), tokens @ router.key_weight)
+        expected = torch.softmax(router.beta * scores, -1)
         torch.testing.assert_close(router.routing_weights(tokens)[:, 0], expected)
     assert router_and_tokens(beta=0.7)[0].beta == 0.7
 

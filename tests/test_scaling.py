@@ -48,7 +48,9 @@ def train(method: str, source, streaming: bool = True, cpu: bool = False, resume
     config = TrainingConfig(**{"batch_size": 8, "learning_rate": 1e-3, "progress": False, "num_workers": 0, **training})
     torch.manual_seed(0)
     model = get_cl_model(ViTModel(tiny_vit_config()), method_config(method))
-    trainer = ContinualTrainer(model, stream, config, ImageCollator(16, num_channels=3), make_accelerator(config, cpu=cpu))
+    trainer = ContinualTrainer(
+        model, stream, config, ImageCollator(16, num_channels=3), make_accelerator(config, cpu=cpu)
+    )
     return trainer, trainer.fit(resume_from=resume_from)
 
 
@@ -143,8 +145,8 @@ def test_peak_memory_stays_flat_as_the_stream_grows(tmp_path):
     would add at least the added stream's bytes; ``training/stream_memory.py`` prints the table for larger
     streams.) 64-pixel rows make the added stream (about 94 MB) large against that noise."""
     script = REPO / "training" / "stream_memory.py"
-    out = subprocess.run([sys.executable, str(script), "--rows", "4000", "12000", "--side", "64", "--dir", str(tmp_path),
-                          "--json"], check=True, env=ENV, cwd=REPO, capture_output=True, text=True).stdout
+    command = [sys.executable, str(script), "--rows", "4000", "12000", "--side", "64", "--dir", str(tmp_path), "--json"]
+    out = subprocess.run(command, check=True, env=ENV, cwd=REPO, capture_output=True, text=True).stdout
     small, large = json.loads(out.strip().splitlines()[-1])
     assert large["stream_mb"] > 2.5 * small["stream_mb"] > 40
     assert large["finished"] and large["steps"] == 3 * small["steps"]

@@ -31,7 +31,8 @@ def test_precedence_defaults_suite_method_file_per_suite_overrides_seed(tmp_path
     training, config = settings.training, settings.adapter_config
     assert training.eval_batch_size == 256 and settings.sources["training.eval_batch_size"] == "suite training"
     assert training.weight_decay == 0.125 and settings.sources["training.weight_decay"] == "overrides"
-    assert config.max_classes == 10 and settings.sources["config.max_classes"] == "configs/methods/qoa.json suites.split-mnist"
+    assert config.max_classes == 10
+    assert settings.sources["config.max_classes"] == "configs/methods/qoa.json suites.split-mnist"
     assert config.buffer_size == 77 and settings.sources["config.buffer_size"] == "suite mine method_settings.qoa"
     assert training.seed == config.seed == config.head_init_seed == 4
     assert settings.sources["config.seed"] == "run seed"

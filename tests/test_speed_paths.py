@@ -26,7 +26,8 @@ from hf_clroute.engine.trainer import release_prepared
 @pytest.fixture(scope="module")
 def stream():
     return class_incremental(
-        load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=20, test_per_class=10, name="mnist"
+        load_source("mnist"), n_tasks=2, seed=0, classes=[0, 1, 2, 3], train_per_class=20, test_per_class=10,
+        name="mnist",
     )
 
 
@@ -193,7 +194,8 @@ def test_small_image_streams_are_decoded_once_and_others_kept(stream):
     collator = COLLATORS["gray-28"]()
     decoded = decode_stream_if_small(stream, collator)
     assert all(not isinstance(e.train.features["image"], Image) for e in decoded)
-    assert torch.equal(collator(list(decoded[0].train))["pixel_values"], collator(list(stream[0].train))["pixel_values"])
+    decoded_pixels = collator(list(decoded[0].train))["pixel_values"]
+    assert torch.equal(decoded_pixels, collator(list(stream[0].train))["pixel_values"])
     rows = sum(len(e.train) + len(e.test) for e in stream)
     assert decoded_size_mb(stream, collator) == pytest.approx(rows * 28 * 28 / 2**20)
     # Too large for the budget, text, or already decoded: the stream comes back as it was.

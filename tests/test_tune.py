@@ -84,7 +84,8 @@ def test_a_pick_on_the_top_edge_extends_until_it_is_interior_then_checks_its_oth
     record = search(grid, _score_peaked_at(**{LR: 2.7e-2, "config.k": 2}), _always_valid, max_extensions=5)
     # 3e-3 is the top: 9e-3 is better, then 2.7e-2, then 8.1e-2 is worse: interior on the learning rate.
     assert [e["point"][LR] for e in record["extensions"][:3]] == [9e-3, 2.7e-2, 8.1e-2]
-    assert all(e["axis"] == LR and e["side"] == "high" and e["point"]["config.k"] == 2 for e in record["extensions"][:3])
+    first = record["extensions"][:3]
+    assert all(e["axis"] == LR and e["side"] == "high" and e["point"]["config.k"] == 2 for e in first)
     # k = 2 was only run at the grid's rates: its neighbours 1 and 4 run at 2.7e-2 (checks), and lose.
     assert [(e["point"], e.get("check")) for e in record["extensions"][3:]] == [
         ({LR: 2.7e-2, "config.k": 1}, True), ({LR: 2.7e-2, "config.k": 4}, True)]
@@ -132,7 +133,9 @@ def test_a_pick_still_on_an_edge_after_the_extensions_is_flagged():
     assert len(record["extensions"]) == MAX_EXTENSIONS
     assert record["edge"] is True
     assert record["edge_axes"] == [{"axis": LR, "side": "low", "reason": "extensions used up"}] + [
-        {"axis": "config.k", "side": side, "reason": "neighbour not run: extensions used up"} for side in ("low", "high")]
+        {"axis": "config.k", "side": side, "reason": "neighbour not run: extensions used up"}
+        for side in ("low", "high")
+    ]
 
 
 def test_an_edge_that_cannot_extend_is_flagged_as_the_end_of_its_range():
@@ -302,7 +305,8 @@ def test_joint_training_final_form_scores_its_epochs_from_one_run_with_separate_
     assert [r["read_at_epochs"] for r in shared["shared_epochs"]] == [[1, 2, 4]] * 3
     runs.clear()
     monkeypatch.setattr(tuning, "epoch_siblings", lambda point, grid, done: [])
-    separate = tuning.tune(suite, ["joint-offline"], tmp_path / "separate", max_extensions=0)["methods"]["joint-offline"]
+    tuned = tuning.tune(suite, ["joint-offline"], tmp_path / "separate", max_extensions=0)
+    separate = tuned["methods"]["joint-offline"]
     assert runs == [1, 2, 4, 8] * 3 and "shared_epochs" not in separate
     assert shared["validation_A_T"] == pytest.approx(separate["validation_A_T"], abs=1e-12)
     assert len(set(separate["validation_A_T"])) > 3  # the epochs and rates do move the score

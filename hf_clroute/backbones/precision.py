@@ -128,7 +128,8 @@ class Choice:
         return {**asdict(self), "dtype": self.name}
 
     def describe(self) -> str:
-        return f"precision {self.phase}: {self.name} ({self.setting}: {self.reason})"
+        said = self.reason if self.reason.startswith(f"{self.setting}:") else f"{self.setting}: {self.reason}"
+        return f"precision {self.phase}: {self.name} ({said})"
 
 
 def autocast(dtype: torch.dtype | None, device_type: str = "cpu") -> ContextManager:

@@ -93,11 +93,15 @@ def evaluate_adapter(adapter: str | os.PathLike, suite: str | Path, *, seed: int
         make_accelerator,
         test_loader,
     )
+    from hf_clroute.hub.io import resolve_pretrained_dir
 
     say = print if verbose else (lambda *args, **kwargs: None)
     config = SuiteConfig.load(str(suite), quick=quick)
+    # The adapter first: a Hub that fails or a missing adapter is said before the backbone loads.
+    allow_mismatch = hub_kwargs.pop("allow_backbone_mismatch", False)
+    directory = resolve_pretrained_dir(adapter, **hub_kwargs)
     backbone, collator = load_suite_backbone(config)
-    model = CLModel.from_pretrained(backbone, adapter, **hub_kwargs)
+    model = CLModel._load(backbone, directory, str(adapter), False, allow_mismatch)
     stream = build_stream(config, seed)
     match = match_classes(model.config, stream, config.name)
     if match is not None:

@@ -108,7 +108,8 @@ class CLConfig:
         default="linear",
         metadata={
             "help": "The classifier on the features: 'linear' (the incremental linear head, trained by the method's "
-            "loss) or a closed-form statistics head fitted from class statistics of the features the classifier "
+            "loss), 'cosine' (the same, normalised: logits = s * cos(row, features), a learned or fixed scale s; "
+            "no row wins by its norm) or a closed-form statistics head fitted from class statistics of the features the classifier "
             "reads, with no gradient: 'prototype' (class means, NCM), 'lda' (streaming LDA: class means and a "
             "shared shrunk covariance) or 'ranpac' (random projection + ridge regression). Ignored by methods "
             "with their own classifier (they accept only 'linear')."
@@ -117,7 +118,8 @@ class CLConfig:
     head_options: dict[str, Any] = field(
         default_factory=dict,
         metadata={
-            "help": "Keyword options of the head, e.g. {'metric': 'cosine'} (prototype), {'shrinkage': 1e-4} (lda), "
+            "help": "Keyword options of the head, e.g. {'scale': 16.0, 'learn_scale': True} (cosine), "
+            "{'metric': 'cosine'} (prototype), {'shrinkage': 1e-4} (lda), "
             "{'projection_dim': 2048, 'ridge_lambda': 1.0, 'nonlinearity': 'relu'} (ranpac). The head's size "
             "grows with the stream and the RanPAC projection seed follows head_init_seed, so neither is an option."
         },
@@ -184,10 +186,10 @@ class CLConfig:
 
     def _check_adaptation(self) -> None:
         from hf_clroute.core.first_session_config import AdaptationConfig
-        from hf_clroute.heads import HEAD_KINDS
+        from hf_clroute.heads import STATISTICS_HEAD_KINDS
 
         name = type(self).__name__
-        statistics = tuple(kind for kind in HEAD_KINDS if kind != "linear")
+        statistics = STATISTICS_HEAD_KINDS
         if self.adaptation_record is not None and not isinstance(self.adaptation_record, dict):
             raise ValueError(f"{name}.adaptation_record must be a dict or None, got {self.adaptation_record!r}")
         if self.adaptation is None:

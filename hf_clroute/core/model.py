@@ -25,6 +25,7 @@ and frozen unless ``is_trainable=True``.
 from __future__ import annotations
 
 import copy
+import errno
 import hashlib
 import json
 import os
@@ -70,6 +71,7 @@ from hf_clroute.hub.io import (
     read_json,
     refuse_pickles,
     resolve_pretrained_dir,
+    sort_safetensors_header,
 )
 
 #: our weights in every layout (before 0.2, the name of the PEFT-format layout's own file)
@@ -77,6 +79,7 @@ PEFT_LAYOUT_WEIGHTS_NAME = WEIGHTS_NAME
 _STATE_KEY = "hf_clroute.state"
 _CHECKSUM_KEY = "hf_clroute.sha256"
 _PEFT_KEYS_KEY = "hf_clroute.peft_keys"
+_PEFT_CHECKSUM_KEY = "hf_clroute.peft_sha256"
 
 
 class CLModel(nn.Module):
@@ -113,6 +116,10 @@ class CLModel(nn.Module):
         # rename modules (PEFT's LoRA moves weights under `base_layer`). Strong
         # references keep the ids from being reused if a method drops a module.
         self._original_tensors = [*self.backbone.parameters(), *self.backbone.buffers()]
+        # A base model's pooler is never read (features are pooled from the hidden states), and is initialised
+        # afresh, unseeded, when the checkpoint has none: never saved, so two identical runs save the same bytes.
+        pooler = getattr(self.backbone, "pooler", None) if self.spec.modality != "lm" else None
+        self._unread = {id(t) for t in [*pooler.parameters(), *pooler.buffers()]} if pooler is not None else set()
         self.head: nn.Module | None = None
         if self.spec.modality != "lm" and method.uses_head:
             self.head = build_head(config.head, self.spec.hidden_size(self.backbone), **config.head_build_options())
@@ -273,8 +280,9 @@ class CLModel(nn.Module):
         # A method that trains the backbone may freeze parts of it for a while (APN's
         # FFN-only adaptation): its weights still belong to the adapter.
         original = set() if not self.config.freeze_backbone else {id(t) for t in self._original_tensors}
-        keep = {n for n, p in self.named_parameters(remove_duplicate=False) if p.requires_grad or id(p) not in original}
-        keep |= {n for n, b in self.named_buffers(remove_duplicate=False) if id(b) not in original}
+        keep = {n for n, p in self.named_parameters(remove_duplicate=False)
+                if (p.requires_grad or id(p) not in original) and id(p) not in self._unread}
+        keep |= {n for n, b in self.named_buffers(remove_duplicate=False) if id(b) not in original | self._unread}
         return {key: tensor for key, tensor in self.state_dict().items() if key in keep}
 
     def extra_state(self) -> dict[str, Any]:
@@ -298,7 +306,8 @@ class CLModel(nn.Module):
     # ---- saving and loading ------------------------------------------------------
     def save_pretrained(self, save_directory: str | os.PathLike, is_main_process: bool = True,
                         safe_serialization: bool = True, **kwargs: Any) -> None:
-        """Write the adapter, each file atomically: ``hf_clroute_config.json`` + ``hf_clroute_model.safetensors``.
+        """Write the adapter, each file atomically: ``hf_clroute_config.json`` + ``hf_clroute_model.safetensors``
+        and a README.md saying how to load it (:func:`write_readme`).
 
         A method that is PEFT's own (LoRA, prompt tuning) also writes PEFT's format, so
         ``peft.PeftModel.from_pretrained(backbone, directory)`` loads it as any PEFT adapter:
@@ -338,9 +347,11 @@ class CLModel(nn.Module):
             peft_tensors = {peft_keys[key]: tensors.pop(key) for key in peft_keys}
             _write_safetensors(directory / PEFT_WEIGHTS_NAME, peft_tensors, {"format": "pt"})  # what PEFT writes
             metadata[_PEFT_KEYS_KEY] = json.dumps(peft_keys, sort_keys=True)
+            metadata[_PEFT_CHECKSUM_KEY] = tensor_checksum(peft_tensors)  # a damaged file is named: this one
             self._save_peft_config(peft_config, directory)
         _write_safetensors(directory / WEIGHTS_NAME, tensors, metadata)
         atomic_write_text(directory / CONFIG_NAME, self.config.to_json_string())
+        write_readme(directory, self.config, peft=export is not None)
         if push:
             hub_keys = ("token", "private", "commit_message", "revision", "create_pr", "timeout")
             self.push_to_hub(kwargs.pop("repo_id", directory.resolve().name),
@@ -407,8 +418,9 @@ class CLModel(nn.Module):
 
     def load_adapter_state_dict(self, tensors: dict[str, torch.Tensor], source: str = "checkpoint") -> None:
         expected = self.adapter_state_dict()
+        unread = {n for n, t in [*self.named_parameters(), *self.named_buffers()] if id(t) in self._unread}
         missing = sorted(set(expected) - set(tensors))
-        unexpected = sorted(set(tensors) - set(expected))
+        unexpected = sorted(set(tensors) - set(expected) - unread)  # an adapter saved with its pooler loads
         mismatched = [
             f"{k}: checkpoint {tuple(tensors[k].shape)} vs model {tuple(v.shape)}"
             for k, v in expected.items()
@@ -492,8 +504,15 @@ def tensor_checksum(tensors: dict[str, torch.Tensor]) -> str:
 
 
 def _write_safetensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write atomically; a failed write (a full disk) is an ``OSError`` naming ``path``, not safetensors' own error."""
     with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp), metadata=metadata)
+        try:
+            save_file(tensors, str(tmp), metadata=metadata)
+            sort_safetensors_header(tmp)  # the same bytes for the same tensors, in any process
+        except SafetensorError as err:
+            text = " ".join(str(err).split())
+            full = "No space left" in text or "os error 28" in text
+            raise OSError(errno.ENOSPC if full else errno.EIO, f"could not write {path}: {text}") from err
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -524,6 +543,9 @@ def read_adapter_dir(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str
     tensors, metadata = _read_safetensors(path)
     if _PEFT_KEYS_KEY in metadata:  # PEFT's format: PEFT's tensors back under our names, beside the rest of ours
         peft_tensors, _ = _read_safetensors(directory / PEFT_WEIGHTS_NAME)
+        if metadata.get(_PEFT_CHECKSUM_KEY, tensor_checksum(peft_tensors)) != tensor_checksum(peft_tensors):
+            raise ValueError(f"corrupted adapter checkpoint {directory / PEFT_WEIGHTS_NAME}: tensor checksum does not "
+                             "match")
         ours = {peft: key for key, peft in json.loads(metadata[_PEFT_KEYS_KEY]).items()}
         if set(peft_tensors) != set(ours):
             raise ValueError(f"corrupted adapter checkpoint {directory}: {PEFT_WEIGHTS_NAME} holds "
@@ -533,8 +555,38 @@ def read_adapter_dir(directory: Path) -> tuple[dict[str, torch.Tensor], dict[str
     if expected is None:
         raise ValueError(f"{path} was not written by hf_clroute (no checksum in its metadata)")
     if tensor_checksum(tensors) != expected:
-        raise ValueError(f"corrupted adapter checkpoint {path}: tensor checksum does not match")
+        both = _PEFT_KEYS_KEY in metadata and _PEFT_CHECKSUM_KEY not in metadata  # one checksum over both files
+        raise ValueError(f"corrupted adapter checkpoint {path}{f' (with {PEFT_WEIGHTS_NAME})' if both else ''}: "
+                         "tensor checksum does not match")
     return tensors, metadata
+
+
+def write_readme(directory: Path, config: CLConfig, peft: bool = False) -> None:
+    """A short README.md saying the folder is an hf_clroute adapter and the line that loads it; a README already
+    there (a model card) gets that line added when it lacks it."""
+    line = 'model = AutoCLModel.from_pretrained("path/to/this/folder")  # or its Hub repo id, with its backbone'
+    how = f"Load it with its backbone:\n\n```python\nfrom hf_clroute import AutoCLModel\n\n{line}\n```\n"
+    readme = directory / "README.md"
+    text = readme.read_text() if readme.is_file() else ""
+    if text and "\n# hf_clroute adapter: " not in text:  # a model card: kept, with the line added when missing
+        if "AutoCLModel" not in text:
+            atomic_write_text(readme, text.rstrip("\n") + f"\n\n## Loading with hf_clroute\n\n{how}")
+        return
+    kind = ("It is also a PEFT adapter: `transformers.AutoModel.from_pretrained(folder)` and `peft.PeftModel` load "
+            "the adapted backbone only, and `AutoModelFor*` adds the backbone checkpoint's own classifier (or a new, "
+            "untrained one), not this adapter's head and labels" if peft else
+            "It is not a transformers model: `transformers.AutoModel.from_pretrained` finds no `config.json` in it")
+    atomic_write_text(readme, f"""---
+library_name: hf_clroute
+tags:
+- hf_clroute
+- continual-learning
+---
+
+# hf_clroute adapter: {config.method}
+
+This folder is an hf_clroute continual-learning adapter (method `{config.method}`) for the backbone
+`{config.base_model_name_or_path}`. {kind}. {how}""")
 
 
 def get_cl_model(backbone: nn.Module, config: CLConfig) -> CLModel:

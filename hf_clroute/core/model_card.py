@@ -6,6 +6,8 @@
 :func:`card_data`, :func:`labels_markdown`, :func:`history_markdown` and :func:`build_markdown`
 so both carry the same Hub metadata (``license``: hf_clroute's own, ``datasets``, the backbone,
 tags) and list labels, data licenses, the build commit and the library versions the same way.
+Beside the card's ``model-index``, :func:`write_eval_results` writes the Hub's evaluation-results
+files (``.eval_results/*.yaml``, one per metric), marked self-reported.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from importlib import metadata as package_metadata
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import ModelCardData
+from huggingface_hub import EvalResultEntry, ModelCardData
 
 from hf_clroute.backbones.catalog import BACKBONES, is_backbone_name
 from hf_clroute.core.config import CLConfig
@@ -243,3 +245,78 @@ print(model.predict(**processor(images=[...], return_tensors="pt")))  # or text=
 
 {build_markdown(base, datasets)}
 """
+
+
+# ---- the Hub's evaluation-results files: .eval_results/*.yaml in the model repo ----
+#: the folder the Hub reads evaluation results from, in a model repo
+EVAL_RESULTS_DIR = ".eval_results"
+#: results.json metric -> what it is, for the files' notes (a results.json row holds mean and std over seeds)
+EVAL_METRICS: dict[str, str] = {
+    "A_T": "final average accuracy A_T",
+    "A_bar": "average incremental accuracy",
+    "F_T": "forgetting F_T",
+    "BWT": "backward transfer BWT",
+    "FWT": "forward transfer FWT",
+    "A_AUC": "anytime accuracy A_AUC",
+    "deep_forgetting": "deep forgetting (linear probe over seen classes)",
+    "probe_A_T": "linear probe final average accuracy",
+}
+
+
+def benchmark_dataset(results: dict[str, Any]) -> str | None:
+    """The Hub id of the dataset a run's suite draws from (:data:`DATASETS`: ``ylecun/mnist`` for the MNIST
+    suites and their renditions, ``zalando-datasets/fashion_mnist`` for Fashion-MNIST); None when it has none."""
+    name = str((results.get("config") or {}).get("dataset") or "")
+    hub_id = DATASETS.get(name, (name, None))[0]
+    return hub_id if _is_hub_id(hub_id) else None
+
+
+def eval_result_entries(results: dict[str, Any], method: str, *, dataset_id: str | None = None,
+                        source_url: str | None = None) -> dict[str, EvalResultEntry]:
+    """One evaluation-results entry per metric of ``method``'s row in a run's ``results`` (results.json),
+    keyed by its file name under :data:`EVAL_RESULTS_DIR` (``<suite>_<metric>.yaml``).
+
+    Each names the benchmark dataset (``dataset_id``, default :func:`benchmark_dataset`), a task id
+    ``<suite>_<metric>`` (one leaderboard per suite and metric), the value (the mean over seeds, rounded as
+    the card's ``model-index`` rounds it) and notes that say it is self-reported by hf_clroute, with the
+    seeds and their spread; no ``verifyToken``, so the Hub never shows it as verified. ``source_url``: where
+    the run's full results live (e.g. its ``hf-clroute push-results`` dataset). Empty when the suite's
+    dataset has no Hub id (then no file is written; the card's ``model-index`` still carries the figures)."""
+    dataset_id = dataset_id or benchmark_dataset(results)
+    if dataset_id is None:
+        return {}
+    if not _is_hub_id(dataset_id):
+        raise ValueError(f"benchmark dataset {dataset_id!r} is not a Hub dataset id (namespace/name)")
+    row, suite = results["methods"][method], str(results.get("suite") or "suite")
+    config = results.get("config") or {}
+    seeds = ", ".join(map(str, results.get("seeds") or []))
+    entries = {}
+    for key, label in EVAL_METRICS.items():
+        value = row.get(key)
+        if not isinstance(value, dict) or value.get("mean") is None:
+            continue
+        spread = f" (std {value['std']:.4f})" if value.get("std") is not None else ""
+        notes = (f"self-reported by hf_clroute (not verified): {label} of {method} on the {suite} suite "
+                 f"({config.get('scenario', 'class')}-incremental, {config.get('n_tasks', '?')} tasks drawn from "
+                 f"{dataset_id}), mean over seeds {seeds}{spread}, as a fraction (1 = 100%)")
+        entries[f"{suite}_{key}.yaml"] = EvalResultEntry(
+            dataset_id=dataset_id, task_id=f"{suite}_{key}", value=round(value["mean"], 4), notes=notes,
+            source_url=source_url, source_name="hf_clroute benchmark results" if source_url else None)
+    return entries
+
+
+def write_eval_results(folder: str | Path, results: dict[str, Any], method: str, **kwargs: Any) -> list[Path]:
+    """Write :func:`eval_result_entries` (``kwargs`` go to it) as ``folder/.eval_results/*.yaml``, one file per
+    metric in the Hub's format (a list of one entry); returns the files written."""
+    import yaml  # a dependency of huggingface_hub
+    from huggingface_hub import eval_result_entries_to_yaml
+
+    from hf_clroute.hub.io import atomic_write_text
+
+    written = []
+    for name, entry in eval_result_entries(results, method, **kwargs).items():
+        path = Path(folder) / EVAL_RESULTS_DIR / name
+        atomic_write_text(path, yaml.safe_dump(eval_result_entries_to_yaml([entry]), sort_keys=False,
+                                               allow_unicode=True))
+        written.append(path)
+    return written

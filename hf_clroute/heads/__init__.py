@@ -1,8 +1,11 @@
-"""Classification heads: a trained linear head and closed-form statistics heads."""
+"""Classification heads: trained linear and cosine heads, and closed-form statistics heads."""
 
 from hf_clroute.heads.base import StatisticsHead
+from hf_clroute.heads.cosine import CosineClassifier
 from hf_clroute.heads.factory import (
+    GRADIENT_HEAD_KINDS,
     HEAD_KINDS,
+    STATISTICS_HEAD_KINDS,
     build_head,
     check_head_options,
     head_parameters,
@@ -13,7 +16,10 @@ from hf_clroute.heads.prototype import PrototypeHead
 from hf_clroute.heads.ranpac import RandomProjectionRidgeHead
 
 __all__ = [
+    "GRADIENT_HEAD_KINDS",
     "HEAD_KINDS",
+    "STATISTICS_HEAD_KINDS",
+    "CosineClassifier",
     "IncrementalClassifier",
     "PrototypeHead",
     "RandomProjectionRidgeHead",

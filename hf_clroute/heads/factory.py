@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from hf_clroute.heads.base import StatisticsHead, check_int
+from hf_clroute.heads.cosine import CosineClassifier
 from hf_clroute.heads.lda import StreamingLDAHead
 from hf_clroute.heads.linear import IncrementalClassifier
 from hf_clroute.heads.prototype import PrototypeHead
@@ -19,8 +20,12 @@ HEAD_CLASSES: dict[str, type[nn.Module]] = {
     PrototypeHead.kind: PrototypeHead,
     StreamingLDAHead.kind: StreamingLDAHead,
     RandomProjectionRidgeHead.kind: RandomProjectionRidgeHead,
+    CosineClassifier.kind: CosineClassifier,
 }
 HEAD_KINDS: tuple[str, ...] = tuple(HEAD_CLASSES)
+#: the heads a method's loss trains by gradient ("linear", "cosine"); the others are closed-form statistics heads
+GRADIENT_HEAD_KINDS: tuple[str, ...] = tuple(k for k, c in HEAD_CLASSES.items() if not issubclass(c, StatisticsHead))
+STATISTICS_HEAD_KINDS: tuple[str, ...] = tuple(k for k in HEAD_KINDS if k not in GRADIENT_HEAD_KINDS)
 
 
 def head_parameters(kind: str) -> dict[str, inspect.Parameter]:
@@ -46,14 +51,14 @@ def check_head_options(kind: str, options: Mapping[str, Any]) -> None:
         if "num_classes" in options:
             check_int("num_classes", options["num_classes"], minimum=0)
     else:
-        cls(1, **options)  # a linear head with no outputs yet costs nothing
+        cls(1, **options)  # a linear or cosine head with no outputs yet costs nothing
 
 
 def build_head(kind: str, in_features: int, **options: Any) -> nn.Module:
-    """A head of ``kind`` ("linear", "prototype", "lda" or "ranpac") over ``in_features``.
+    """A head of ``kind`` ("linear", "cosine", "prototype", "lda" or "ranpac") over ``in_features``.
 
     ``options`` are the head's constructor keywords (e.g. ``num_classes``,
-    ``shrinkage``); an unknown kind or option raises ``ValueError``.
+    ``shrinkage``, ``scale``); an unknown kind or option raises ``ValueError``.
     """
     _check_known(kind, options, head_parameters(kind))
     return HEAD_CLASSES[kind](in_features, **options)

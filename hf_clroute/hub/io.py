@@ -60,6 +60,21 @@ def current_umask() -> int:
     return mask
 
 
+def sort_safetensors_header(path: str | os.PathLike) -> None:
+    """Rewrite a safetensors file's header in place with its keys sorted: safetensors writes the metadata in
+    hash order, which changes from one process to the next, so two identical saves would differ in bytes.
+    The header is the same JSON reordered, hence the same length; should it ever not be, it is left as is."""
+    with open(path, "r+b") as handle:
+        size = int.from_bytes(handle.read(8), "little")
+        header = json.loads(handle.read(size))
+        metadata = header.pop("__metadata__", None)
+        ordered = ({"__metadata__": dict(sorted(metadata.items()))} if metadata else {}) | dict(sorted(header.items()))
+        text = json.dumps(ordered, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) <= size:
+            handle.seek(8)
+            handle.write(text + b" " * (size - len(text)))  # safetensors pads its header with spaces too
+
+
 def atomic_write_text(target: str | os.PathLike, text: str) -> None:
     with atomic_path(target) as tmp:
         tmp.write_text(text)
@@ -158,6 +173,9 @@ def describe_hub_error(err: BaseException, what: str, endpoint: str, revision: s
         return f"revision {revision!r} of {what} not found on {endpoint}"
     if any(isinstance(e, hub_errors.RepositoryNotFoundError) for e in chain):
         return f"{what} not found on {endpoint}"
+    answered = _http_answer(chain, endpoint, what)
+    if answered:
+        return answered
     if any(isinstance(e, json.JSONDecodeError) for e in chain):
         return (f"the Hub at {endpoint} answered ({what}) with something that is not JSON: "
                 f"{_first_line(found['JSONDecodeError'])}")
@@ -170,6 +188,26 @@ def describe_hub_error(err: BaseException, what: str, endpoint: str, revision: s
     if any(isinstance(e, hub_errors.EntryNotFoundError) for e in chain):
         return f"{what} on {endpoint} lacks a file: {_first_line(err)}"
     return f"the Hub at {endpoint} failed ({what}): {type(err).__name__}: {_first_line(err)}"
+
+
+def _http_answer(chain: list[BaseException], endpoint: str, what: str) -> str | None:
+    """The server's own answer, when one in ``chain`` was an HTTP error (a 500, a 429, a 403...); None when
+    none was, or when it was a 404 (the not-found cases above and below name what was not found)."""
+    from http import HTTPStatus
+
+    for err in chain:
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        if not isinstance(status, int) or status < 400 or status == 404:
+            continue
+        try:
+            reason = f" {HTTPStatus(status).phrase}"
+        except ValueError:
+            reason = ""
+        said = getattr(err, "server_message", None) or ""
+        said = f": {' '.join(said.split())[:200]}" if said.strip() else ""
+        advice = "; the server failed, try again later" if status >= 500 else ""
+        return f"the Hub at {endpoint} answered HTTP {status}{reason} ({what}){said}{advice}"
+    return None
 
 
 def _causes(err: BaseException) -> list[BaseException]:
@@ -313,9 +351,9 @@ def push_adapter(model: Any, repo_id: str, *, extra_dir: str | os.PathLike | Non
     with tempfile.TemporaryDirectory(prefix="hf_clroute_push_") as tmp:
         if extra_dir is not None:
             shutil.copytree(extra_dir, tmp, dirs_exist_ok=True)
-        model.save_pretrained(Path(tmp))
         if card is not None and not (Path(tmp) / "README.md").exists():
             atomic_write_text(Path(tmp) / "README.md", card)
+        model.save_pretrained(Path(tmp))  # keeps the card as README.md (adding the line that loads it if missing)
         what = f"this {model.config.method} adapter"
         what = f"{extra_dir} with {what}" if extra_dir else what
         return push_folder(tmp, repo_id, what=kwargs.pop("what", what), **kwargs)

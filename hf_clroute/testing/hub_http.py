@@ -96,7 +96,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _dispatch(self) -> None:
         self._body = self._iter_body()
-        fault = self.server.hub.fault
+        split = urlsplit(self.path)
+        fault = self.server.hub.fault_for(self.command, split.path)
         if fault == "hang":  # accept and never answer, until the fault is cleared or the server stops
             self.server.hub.wait_while_hanging()
             self.close_connection = True
@@ -107,7 +108,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(Response(raw=b"<html><body>Service temporarily unavailable</body></html>",
                                 headers={"Content-Type": "text/html"}))
             return
-        split = urlsplit(self.path)
+        if fault == "error":  # the server's own failure: 500 with a JSON error, as the Hub answers one
+            for _ in self.body_chunks():
+                pass
+            message = f"hub_server: injected fault (500) on {self.command} {split.path}"
+            self._send(Response(500, {"error": message}, headers={"X-Error-Message": message}))
+            return
         query = {k: v[-1] for k, v in parse_qs(split.query).items()}
         try:
             handler, params = self.server.hub.route(self.command, split.path)

@@ -60,7 +60,7 @@ from hf_clroute.testing.hub_store import (
 __all__ = ["HubServer", "HubError", "start_hub_server", "DEFAULT_USER"]
 
 DEFAULT_USER = "tester"
-FAULTS = ("garbage", "hang")
+FAULTS = ("garbage", "hang", "error")
 LFS_THRESHOLD = 1_000_000
 URL_TYPES = {"models": "model", "datasets": "dataset"}  # /api/{models|datasets}/...
 URL_PREFIX = {"model": "", "dataset": "datasets/"}  # /{datasets/}{repo}/resolve/...
@@ -106,8 +106,10 @@ class HubServer:
     * Branches (``create_branch``) and pull requests (a commit with ``create_pr=1`` goes to a new
       ``refs/pr/<n>``) are kept like any ref; discussions themselves are not implemented.
     * ``with server.faulty("garbage")`` answers every request with 200 and an HTML body (not JSON),
-      ``with server.faulty("hang")`` accepts every request and never answers, so tests can check
-      that the client's errors and timeouts name the server.
+      ``with server.faulty("hang")`` accepts every request and never answers, ``with server.faulty("error")``
+      answers 500 with a JSON error body, so tests can check that the client's errors and timeouts name
+      the server. ``routes=("commit",)`` limits the fault to those handlers (names from ``ROUTES``): a push
+      whose uploads pass and whose commit fails, the way a push breaks half-way.
     """
 
     # The one routing table: methods, path regex (matched on the raw, still-quoted
@@ -148,9 +150,11 @@ class HubServer:
         self.lfs_threshold = lfs_threshold
         self.verbose = verbose
         self.unrouted: list[str] = []  # "METHOD /path" of every request no route matched
-        #: a fault to answer every request with, for tests of the client's error handling: None (serve),
-        #: "garbage" (200 with an HTML body, not JSON) or "hang" (accept, never answer)
+        #: a fault to answer requests with, for tests of the client's error handling: None (serve),
+        #: "garbage" (200 with an HTML body, not JSON), "hang" (accept, never answer) or "error" (500)
         self.fault: str | None = None
+        #: the handlers (route names) the fault applies to; None: every request
+        self.fault_routes: frozenset[str] | None = None
         self._released = threading.Event()
         self._released.set()
         self._secret = secrets.token_hex(16)  # "signs" LFS upload URLs
@@ -178,17 +182,31 @@ class HubServer:
         return self
 
     @contextmanager
-    def faulty(self, mode: str) -> Iterator[HubServer]:
-        """Answer every request with the fault ``mode`` ("garbage" or "hang") while the block runs."""
+    def faulty(self, mode: str, routes: tuple[str, ...] | None = None) -> Iterator[HubServer]:
+        """Answer requests with the fault ``mode`` ("garbage", "hang" or "error") while the block runs:
+        every request, or only those ``routes`` handle (route names from :attr:`ROUTES`, e.g. "commit")."""
         if mode not in FAULTS:
             raise ValueError(f"unknown fault mode {mode!r}; known: {FAULTS}")
-        self.fault = mode
+        known = {name for _, _, name in self.ROUTES}
+        unknown = sorted(set(routes or ()) - known)
+        if unknown:
+            raise ValueError(f"unknown route(s) {unknown} for a fault; known: {sorted(known)}")
+        self.fault, self.fault_routes = mode, (frozenset(routes) if routes else None)
         self._released.clear()
         try:
             yield self
         finally:
-            self.fault = None
+            self.fault, self.fault_routes = None, None
             self._released.set()  # hung requests end (their connections close unanswered)
+
+    def fault_for(self, method: str, path: str) -> str | None:
+        """The fault to answer ``method path`` with, if any (routes are matched without recording misses)."""
+        if self.fault is None or self.fault_routes is None:
+            return self.fault
+        for methods, regex, name in self.ROUTES:
+            if method in methods and regex.match(path):
+                return self.fault if name in self.fault_routes else None
+        return None
 
     def wait_while_hanging(self) -> None:
         self._released.wait()

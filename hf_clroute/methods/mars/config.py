@@ -24,6 +24,11 @@ start (``keys_per_task > 0``, ``mars-task-keys``: the paper grows the memory
 through SGSE alone, task-free) and class-Gaussian anchors with class-balanced
 alignment (``anchors="class_gaussian"``, ``mars-gaussian-align``: the paper's
 anchors are per-slot statistics).
+
+Two controls take the memory away and keep the head, its loss and its steps: ``memory="none"``
+(``mars-memory-free``: the head reads LN(h), no router, slots or anchors) and, on top of it,
+``anchors="class_prototype"`` (``mars-prototypes``: distillation on class means banked at task
+starts, what the slot anchors become once no router spreads them over slots).
 """
 
 from __future__ import annotations
@@ -39,6 +44,17 @@ class MarsConfig(CLConfig):
     method: ClassVar[str] = "mars"
 
     # ---- slot memory ------------------------------------------------------------
+    memory: str = field(
+        default="slots",
+        metadata={
+            "help": "'slots' (the paper's): the slot memory (router, per-slot adapters, slot statistics, "
+            "SGSE). 'none' (ours, the memory-free control mars-memory-free): no router, slot, slot statistic, "
+            "adapter or SGSE; the head reads LN(h), the frozen features' LayerNorm, which is what a fresh slot "
+            "memory outputs. The DCDA schedule is kept as it is: a stage-1 turn trains nothing (no parameter "
+            "gets a gradient), so the head trains on exactly the steps it trains on with the slot memory. "
+            "Needs use_sgse=False and anchors other than 'slot' (or use_anchors=False)."
+        },
+    )
     num_slots: int = field(default=32, metadata={"help": "S_0: slots the memory starts with (the paper's 32)."})
     max_slots: int = field(
         default=64,
@@ -170,7 +186,11 @@ class MarsConfig(CLConfig):
             "(mu_i, c_i) of the memory's inputs, with distillation from the previous head over the old "
             "classes' logits. 'class_gaussian' (ours, variant mars-gaussian-align): draws from exact running "
             "per-class Gaussians, with class-balanced alignment and distillation (the class_stats_space ... "
-            "rehearse_memory fields below apply to it only)."
+            "rehearse_memory fields below apply to it only). 'class_prototype' (ours, control "
+            "mars-prototypes; needs memory='none'): one prototype per class, the exact mean of the head's "
+            "inputs LN(h) over the class's training samples, banked at each later task's start for every "
+            "class seen before it, with the slot anchors' distillation (lambda_anchor, the outputs "
+            "full_output_consistency names) from the head as it was at that start."
         },
     )
     full_output_consistency: str = field(
@@ -183,8 +203,8 @@ class MarsConfig(CLConfig):
             "Theorem 2 assumes (old-class accuracy is bounded only if the anchors' whole prediction stays within "
             "eta); LwF on the current inputs stays on the old logits, since those inputs belong to the new "
             "classes. 'anchors_and_lwf': both over every output (the current inputs' new-class outputs are "
-            "then also pulled towards their initial values). Slot anchors only (class_gaussian has "
-            "bound_new_classes)."
+            "then also pulled towards their initial values). Slot anchors and class prototypes (class_gaussian "
+            "has bound_new_classes)."
         },
     )
     anchor_memory: str = field(
@@ -308,7 +328,8 @@ class MarsConfig(CLConfig):
     KEY_INITS: ClassVar[tuple[str, ...]] = ("data", "random")
     NOVELTY_STATISTICS: ClassVar[tuple[str, ...]] = ("top_probability", "top_similarity", "energy")
     STATS_SPACES: ClassVar[tuple[str, ...]] = ("memory_output", "backbone")
-    ANCHORS: ClassVar[tuple[str, ...]] = ("slot", "class_gaussian")
+    ANCHORS: ClassVar[tuple[str, ...]] = ("slot", "class_gaussian", "class_prototype")
+    MEMORIES: ClassVar[tuple[str, ...]] = ("slots", "none")
     CONSISTENCY: ClassVar[tuple[str, ...]] = ("none", "anchors", "anchors_and_lwf")
     ANCHOR_MEMORIES: ClassVar[tuple[str, ...]] = ("ema", "task_start", "expansion")
 
@@ -326,6 +347,13 @@ class MarsConfig(CLConfig):
                 "MaRS's DCDA trains the memory through the linear head, so a statistics head reads only a memory "
                 "trained by first-session adaptation and frozen after it; otherwise leave head='linear'"
             )
+        if self.memory not in self.MEMORIES:
+            raise ValueError(f"MarsConfig.memory must be one of {self.MEMORIES}, got {self.memory!r}")
+        if self.memory == "none":
+            self._check_memory_free()
+        elif self.anchors == "class_prototype":
+            raise ValueError("MarsConfig.anchors='class_prototype' needs memory='none': the prototypes are means of "
+                             "the head's inputs, which a trained slot memory would move away from them")
         if self.adaptation is not None and not self.use_stage1:
             raise ValueError("MarsConfig.adaptation trains the memory, which use_stage1=False never trains "
                              "(stage 2 runs the memory without gradient)")
@@ -381,3 +409,18 @@ class MarsConfig(CLConfig):
             raise ValueError("MarsConfig.use_stage1 and use_stage2 cannot both be False (DCDA needs a stage)")
         if self.expansion_threshold is not None:
             self._check_fraction("expansion_threshold")
+
+    def _check_memory_free(self) -> None:
+        """memory='none' has no router, slot or adapter: refuse the options that need one."""
+        needs = {
+            "use_sgse": (self.use_sgse, "False (SGSE adds slots)"),
+            "anchors": (self.use_anchors and self.anchors == "slot",
+                        "'class_prototype' or 'class_gaussian', or use_anchors=False (slot anchors need slots)"),
+            "keys_per_task": (self.keys_per_task > 0, "0 (it keys slots)"),
+            "rehearse_memory": (self.rehearse_memory, "False (it trains the memory)"),
+            "adaptation": (self.adaptation is not None, "None (there is no memory to adapt)"),
+        }
+        for name, (bad, wanted) in needs.items():
+            if bad:
+                raise ValueError(f"MarsConfig.memory='none' needs MarsConfig.{name}={wanted}, "
+                                 f"got {getattr(self, name)!r}")

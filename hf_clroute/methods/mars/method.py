@@ -11,7 +11,10 @@ classes by distilling the task-start head on anchors: the paper's slot statistic
 (``SlotStatistics``, ``AnchorBank``) or our ``class_gaussian`` per-class Gaussians
 (``ClassStatistics``). SGSE adds slots while the memory trains; once no memory parameter requires a
 gradient (after first-session adaptation) MaRS is a fixed function h -> h~ whose task hooks do
-nothing. docs/methods/mars.md describes each part and how it reads against the paper.
+nothing. With ``memory='none'`` (the controls mars-memory-free and mars-prototypes) there is no
+memory: the head reads LN(h), a stage-1 turn trains nothing, and the anchors, if any, are class
+prototypes (``ClassPrototypes``). docs/methods/mars.md describes each part and how it reads
+against the paper.
 """
 
 from __future__ import annotations
@@ -22,12 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from hf_clroute.core.method import ContinualMethod, StepContext
 from hf_clroute.core.outputs import CLModelOutput, model_inputs
 from hf_clroute.heads import StatisticsHead
 from hf_clroute.methods.mars.class_statistics import ClassStatistics
 from hf_clroute.methods.mars.config import MarsConfig
+from hf_clroute.methods.mars.prototypes import ClassPrototypes
 from hf_clroute.methods.mars.sgse import (
     ExpansionTest,
     ExpansionTiming,
@@ -90,6 +95,7 @@ class Mars(ContinualMethod):
         "skipped_expansions", "steps_seen", "tasks_started", "task_keys_left", "teacher_classes",
     )
     _HISTORIES = ("slot_history", "expansion_history", "task_start_history")
+    _SLOT_KEYS = ("keys_seeded", "skipped_expansions", "task_keys_left", "slot_history", "expansion_history")
 
     def __init__(self, config: MarsConfig) -> None:
         super().__init__(config)
@@ -113,32 +119,49 @@ class Mars(ContinualMethod):
     def attach(self, model: "CLModel") -> None:
         cfg = self.config
         hidden = model.spec.hidden_size(model.backbone)
-        self.memory = SlotMemory(
-            hidden, num_slots=cfg.num_slots, max_slots=cfg.max_slots, query_dim=cfg.query_dim,
-            tau=cfg.tau_r, seed=cfg.memory_init_seed,
-        )
-        self.sgse = ExpansionTest(
-            self.memory.query.out_features, beta=cfg.quantile_beta, window=cfg.quantile_window,
-            eps=cfg.quantile_eps, trials=cfg.test_trials, z=cfg.wilson_z, alpha=cfg.alpha,
-            threshold=cfg.expansion_threshold, reference=cfg.reference_window,
-        )
-        self.class_stats = ClassStatistics(hidden)
-        self.slot_stats = SlotStatistics(cfg.max_slots, hidden, momentum=1 - 1 / cfg.stat_horizon)
-        self.anchor_bank = AnchorBank(hidden)
+        # memory='none': none of the memory's parts exist (the head reads LN(h), parameter-free).
+        self.memory: SlotMemory | None = None
+        self.sgse: ExpansionTest | None = None
+        self.slot_stats: SlotStatistics | None = None
+        self.anchor_bank: AnchorBank | None = None
+        self.class_stats: ClassStatistics | None = None
+        self.prototypes: ClassPrototypes | None = None
+        if cfg.memory == "slots":
+            self.memory = SlotMemory(
+                hidden, num_slots=cfg.num_slots, max_slots=cfg.max_slots, query_dim=cfg.query_dim,
+                tau=cfg.tau_r, seed=cfg.memory_init_seed,
+            )
+            self.sgse = ExpansionTest(
+                self.memory.query.out_features, beta=cfg.quantile_beta, window=cfg.quantile_window,
+                eps=cfg.quantile_eps, trials=cfg.test_trials, z=cfg.wilson_z, alpha=cfg.alpha,
+                threshold=cfg.expansion_threshold, reference=cfg.reference_window,
+            )
+            self.slot_stats = SlotStatistics(cfg.max_slots, hidden, momentum=1 - 1 / cfg.stat_horizon)
+            self.anchor_bank = AnchorBank(hidden)
+        else:
+            self.norm = nn.LayerNorm(hidden, elementwise_affine=False)  # what a fresh slot memory outputs
+        if cfg.memory == "slots" or cfg.anchors == "class_gaussian":
+            self.class_stats = ClassStatistics(hidden)
+        if cfg.anchors == "class_prototype":
+            self.prototypes = ClassPrototypes(hidden)
         if cfg.key_init == "random":
             self.keys_seeded = cfg.num_slots
         # Teacher (the head before this task); resized at task start and in load_extra_state,
         # saved with the adapter like any buffer.
         self.register_buffer("teacher_weight", torch.zeros(0, hidden))
         self.register_buffer("teacher_bias", torch.zeros(0))
-        self.slot_history = [[0, self.memory.num_slots]]
+        self.slot_history = [[0, self.memory.num_slots]] if self.memory is not None else []
 
     # ---- fixed after first-session adaptation ---------------------------------------------
     @property
     def fixed(self) -> bool:
         """True once nothing of the memory trains (first-session adaptation froze it): the forward
-        only maps h -> h~ -> head and the task hooks do nothing."""
-        return not any(p.requires_grad for p in self.memory.parameters())
+        only maps h -> h~ -> head and the task hooks do nothing. Never without a memory."""
+        return self.memory is not None and not any(p.requires_grad for p in self.memory.parameters())
+
+    def memory_output(self, h: torch.Tensor) -> torch.Tensor:
+        """h~, what the head reads: the slot memory's output, or LN(h) without a memory."""
+        return self.norm(h) if self.memory is None else self.memory(h).output
 
     def _check_dcda_head(self, model: "CLModel") -> None:
         """DCDA reads and trains the linear head; refuse a statistics head while the memory trains."""
@@ -169,10 +192,12 @@ class Mars(ContinualMethod):
         ``features`` = h~ (what a statistics head accumulates)."""
         h = self.features(model, model_inputs(batch))
         if self.fixed or not self.training or "labels" not in batch:
-            out_h = self.memory(h).output
+            out_h = self.memory_output(h)
             return CLModelOutput(logits=model.head(out_h), features=out_h.detach())
         self._check_dcda_head(model)
         stage = self.stage()
+        if self.memory is None:
+            return self._forward_memory_free(model, batch, h, stage)
         with torch.set_grad_enabled(stage == 1 and torch.is_grad_enabled()):
             routing = self.memory(h)
         if stage == 2:
@@ -209,23 +234,49 @@ class Mars(ContinualMethod):
             loss=sum(losses.values()), logits=logits, losses=losses, features=routing.output.detach(), extras=extras
         )
 
-    def stage2_losses(self, model: "CLModel", routing: Routing, logits: torch.Tensor) -> dict[str, torch.Tensor]:
-        """LwF on current inputs; distillation on the slot anchors, or alignment and distillation
+    def _forward_memory_free(self, model: "CLModel", batch: dict[str, torch.Tensor], h: torch.Tensor,
+                             stage: int) -> CLModelOutput:
+        """memory='none': the head reads LN(h). Stage 2 is the same loss as with the memory; a stage-1
+        turn has no memory to train, so nothing enters the graph but a zero loss (no parameter gets a
+        gradient and the optimizer skips them all): the head moves on exactly the steps it moves on
+        with the memory. Without stage 2 (ablation) the head learns by plain CE on every step."""
+        normed = self.norm(h)
+        extras = {"normed": normed.detach()}
+        if self.config.class_stats_space == "backbone":
+            extras["backbone"] = h.detach()
+        if stage == 2:
+            logits = model.head(normed)
+            losses = {"ce": self.loss(model, batch, logits), **self.stage2_losses(model, normed, logits)}
+        elif not self.config.use_stage2:
+            logits = model.head(normed)
+            losses = {"ce": self.loss(model, batch, logits)}
+        else:
+            with torch.no_grad():
+                logits = model.head(normed)
+            losses = {"idle": normed.new_zeros((), dtype=torch.float32, requires_grad=True)}
+        return CLModelOutput(loss=sum(losses.values()), logits=logits, losses=losses, features=normed.detach(),
+                             extras=extras)
+
+    def stage2_losses(self, model: "CLModel", routing: Routing | torch.Tensor,
+                      logits: torch.Tensor) -> dict[str, torch.Tensor]:
+        """LwF on the current inputs (``routing``: the memory's pass, or h~ itself, what the head reads);
+        distillation on the slot anchors or the banked class prototypes, or alignment and distillation
         on anchors drawn from the class Gaussians."""
+        output = routing.output if isinstance(routing, Routing) else routing
         cfg, n_old, T = self.config, self.old_classes, self.config.distill_temperature
         terms = {}
         if n_old and cfg.lambda_lwf:
             all_outputs = cfg.full_output_consistency == "anchors_and_lwf"
-            terms["lwf"] = cfg.lambda_lwf * self.consistency(logits, routing.output, all_outputs)
+            terms["lwf"] = cfg.lambda_lwf * self.consistency(logits, output, all_outputs)
         if not cfg.use_anchors:
             return terms
-        if cfg.anchors == "slot":
-            anchors = self.slot_anchors()
+        if cfg.anchors in ("slot", "class_prototype"):
+            anchors = self.slot_anchors() if cfg.anchors == "slot" else self.prototypes.anchors().to(output)
             if n_old and cfg.lambda_anchor and len(anchors):
                 all_outputs = cfg.full_output_consistency != "none"
                 terms["anchor"] = cfg.lambda_anchor * self.consistency(model.head(anchors), anchors, all_outputs)
             return terms
-        drawn = self.draw_anchors(model, routing.output)
+        drawn = self.draw_anchors(model, output)
         if drawn is None:
             return terms
         anchors, labels = drawn
@@ -283,7 +334,7 @@ class Mars(ContinualMethod):
         drawn = self.anchor_samples(model, like)
         if drawn is None or self.config.class_stats_space == "memory_output":
             return drawn
-        return self.memory(drawn[0]).output, drawn[1]
+        return self.memory_output(drawn[0]), drawn[1]
 
     # ---- hooks -----------------------------------------------------------------------
     def on_task_start(self, model: "CLModel", experience: "Experience", ctx: StepContext) -> None:
@@ -294,10 +345,13 @@ class Mars(ContinualMethod):
             return
         self.task_plan = len(experience.train) * ctx.epochs
         self.old_classes = self.classes_trained
-        self.class_stats.resize(model.head.num_classes)
+        if self.class_stats is not None:
+            self.class_stats.resize(model.head.num_classes)
         self.tasks_started += 1
-        if self.config.anchor_memory == "task_start" and self.tasks_started > 1:
+        if self.config.anchor_memory == "task_start" and self.tasks_started > 1 and self.memory is not None:
             self._bank_anchors()  # the previous tasks' inputs, as the slots saw them
+        if self.prototypes is not None and self.tasks_started > 1:
+            self.prototypes.bank()  # every class seen before this task, one mean each
         self.task_keys_left = self.config.keys_per_task if self.tasks_started > 1 else 0
         self.task_start_history.append([ctx.global_step, ctx.task_id])
         self._snapshot_teacher(model)
@@ -313,14 +367,19 @@ class Mars(ContinualMethod):
     def after_step(self, model: "CLModel", batch, out: CLModelOutput, ctx: StepContext) -> None:
         if self.fixed:  # no slot growth (a frozen memory cannot train a new slot), no statistics
             return
-        self.slot_stats.update(ctx.gather(out.extras["normed"]).float(), ctx.gather(out.extras["probs"]).float())
+        if self.memory is not None:
+            self.slot_stats.update(ctx.gather(out.extras["normed"]).float(), ctx.gather(out.extras["probs"]).float())
+        labels = ctx.gather(batch["labels"]) if self.memory is None or self.config.anchors == "class_gaussian" else None
         if self.config.anchors == "class_gaussian":
             space = out.extras["backbone"] if self.config.class_stats_space == "backbone" else out.features
-            self.class_stats.update(ctx.gather(space).float(), ctx.gather(batch["labels"]))
-        query, confidence = (ctx.gather(out.extras[k]).float() for k in ("query", "confidence"))
-        self._observe(query, confidence, ctx.global_step + 1)
+            self.class_stats.update(ctx.gather(space).float(), labels)
+        if self.prototypes is not None:
+            self.prototypes.update(ctx.gather(out.extras["normed"]).float(), labels)
+        if self.memory is not None:
+            query, confidence = (ctx.gather(out.extras[k]).float() for k in ("query", "confidence"))
+            self._observe(query, confidence, ctx.global_step + 1)
         self.task_step += 1
-        self.task_samples += len(confidence)
+        self.task_samples += len(confidence) if self.memory is not None else len(labels)
         self.steps_seen += 1
 
     def _observe(self, query: torch.Tensor, confidence: torch.Tensor, step: int) -> None:
@@ -366,7 +425,7 @@ class Mars(ContinualMethod):
 
     def sgse_timing(self, window: int | None = None) -> ExpansionTiming | None:
         """SGSE's expansions against the task boundaries after the first (None before any step)."""
-        if not self.steps_seen:
+        if not self.steps_seen or self.memory is None:
             return None
         boundaries = [step for step, _ in self.task_start_history[1:]]
         expansions = [step for step, _ in self.expansion_history]
@@ -374,23 +433,27 @@ class Mars(ContinualMethod):
 
     # ---- saving ---------------------------------------------------------------------
     def extra_state(self) -> dict[str, Any]:
-        timing = self.sgse_timing()
-        return {
-            **{k: getattr(self, k) for k in self._COUNTERS},
-            **{k: getattr(self, k) for k in self._HISTORIES},
-            "num_slots": self.memory.num_slots,
-            "stat_classes": self.class_stats.num_classes,
-            "banked_anchors": len(self.anchor_bank),
-            "sgse": self.sgse.state(),
-            "sgse_timing": dataclasses.asdict(timing) if timing else None,
-        }
+        state = {k: getattr(self, k) for k in (*self._COUNTERS, *self._HISTORIES)
+                 if self.memory is not None or k not in self._SLOT_KEYS}
+        if self.memory is not None:
+            timing = self.sgse_timing()
+            state.update({
+                "num_slots": self.memory.num_slots, "banked_anchors": len(self.anchor_bank), "sgse": self.sgse.state(),
+                "sgse_timing": dataclasses.asdict(timing) if timing else None,
+            })
+        if self.class_stats is not None:
+            state["stat_classes"] = self.class_stats.num_classes
+        if self.prototypes is not None:
+            state.update(prototype_classes=self.prototypes.num_classes, banked_prototypes=len(self.prototypes))
+        return state
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         for key in self._COUNTERS:
             setattr(self, key, int(state.get(key, getattr(self, key))))
         for key in self._HISTORIES:
             setattr(self, key, [list(x) for x in state.get(key, getattr(self, key))])
-        self.sgse.load_state(state.get("sgse", {}))
+        if self.sgse is not None:
+            self.sgse.load_state(state.get("sgse", {}))
         # Size the teacher and statistics buffers so the saved tensors load into them.
         # (An adapter saved before teacher_classes existed kept the old classes' rows only.)
         hidden = self.teacher_weight.shape[1]
@@ -398,5 +461,9 @@ class Mars(ContinualMethod):
         self.teacher_classes = n_teacher
         self.teacher_weight = self.teacher_weight.new_zeros(n_teacher, hidden)
         self.teacher_bias = self.teacher_bias.new_zeros(n_teacher)
-        self.anchor_bank.resize(int(state.get("banked_anchors", 0)))
-        self.class_stats.resize(int(state.get("stat_classes", 0)))
+        if self.anchor_bank is not None:
+            self.anchor_bank.resize(int(state.get("banked_anchors", 0)))
+        if self.class_stats is not None:
+            self.class_stats.resize(int(state.get("stat_classes", 0)))
+        if self.prototypes is not None:
+            self.prototypes.resize(int(state.get("prototype_classes", 0)), int(state.get("banked_prototypes", 0)))
