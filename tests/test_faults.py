@@ -84,7 +84,8 @@ def test_a_string_batch_size_under_quick_is_refused(suite_file, tmp_path, capsys
 def test_suite_fields_of_the_wrong_type_or_shape(suite_file, tmp_path, capsys):
     out = str(tmp_path / "out")
     five = derived(tmp_path, suite_file, n_tasks="five")
-    fails(["bench", "--suite", five, "--seeds", "0", "--out", out], capsys, five, "n_tasks must be an integer, got 'five'")
+    fails(["bench", "--suite", five, "--seeds", "0", "--out", out], capsys, five,
+          "n_tasks must be an integer, got 'five'")
     array = tmp_path / "array.json"
     array.write_text(json.dumps([json.loads(suite_file.read_text())]))
     fails(["bench", "--suite", str(array), "--seeds", "0", "--out", out], capsys, str(array),

@@ -165,7 +165,9 @@ def test_results_markdown_shows_se_edge_marks_and_paired_verdicts():
     # A results.json written before these fields existed: n/a, no crash.
     old = {"suite": "mnist", "seeds": [0], "methods": {"rwf": method([0.5]), "rwf-head-only": method([0.55])}}
     table = results_markdown(old)
-    assert "| rwf | 50.0 (one seed) | n/a |" in table and "| -5.0 (one seed, no test) |" in table
+    assert "| rwf | 50.0 | n/a |" in table and "| -5.0 (one seed, no test) |" in table
+    assert "Accuracies in %, one seed: each figure is that seed's value" in table  # said once, in the caption
+    assert "(one seed)" not in table.split("Paired verdicts")[0]
     assert "± 0.0" not in table.split("Paired verdicts")[0]  # one seed has no spread to show
 
 

@@ -376,7 +376,7 @@ def test_bad_options_raise_value_error_naming_the_option(
 
 
 def test_build_head_kinds_and_state_checks() -> None:
-    assert HEAD_KINDS == ("linear", "prototype", "lda", "ranpac")
+    assert HEAD_KINDS == ("linear", "prototype", "lda", "ranpac", "cosine")
     linear = build_head("linear", D, num_classes=3)
     assert isinstance(linear, IncrementalClassifier) and linear.num_classes == 3
     classes = [PrototypeHead, StreamingLDAHead, RandomProjectionRidgeHead]

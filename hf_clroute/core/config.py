@@ -109,10 +109,10 @@ class CLConfig:
         metadata={
             "help": "The classifier on the features: 'linear' (the incremental linear head, trained by the method's "
             "loss), 'cosine' (the same, normalised: logits = s * cos(row, features), a learned or fixed scale s; "
-            "no row wins by its norm) or a closed-form statistics head fitted from class statistics of the features the classifier "
-            "reads, with no gradient: 'prototype' (class means, NCM), 'lda' (streaming LDA: class means and a "
-            "shared shrunk covariance) or 'ranpac' (random projection + ridge regression). Ignored by methods "
-            "with their own classifier (they accept only 'linear')."
+            "no row wins by its norm) or a closed-form statistics head fitted from class statistics of the "
+            "features the classifier reads, with no gradient: 'prototype' (class means, NCM), 'lda' (streaming "
+            "LDA: class means and a shared shrunk covariance) or 'ranpac' (random projection + ridge regression). "
+            "Ignored by methods with their own classifier (they accept only 'linear')."
         },
     )
     head_options: dict[str, Any] = field(
