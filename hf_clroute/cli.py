@@ -309,7 +309,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings_options(train)
     train.set_defaults(func=cmd_train)
 
-    tune = sub.add_parser("tune", help="choose each method's hyper-parameters on the suite's validation split")
+    tune = sub.add_parser(
+        "tune", help="choose each method's hyper-parameters on the suite's validation split",
+        description="Choose each method's hyper-parameters on the suite's validation split, by one search rule "
+                    "for every method: the same grid budget; the search starts at the grid's "
+                    "centre; a point replaces the pick only when its validation A_T beats the pick's by at least "
+                    "one standard error, sqrt(p(1-p)/N) with N the validation examples (ties and noise keep the "
+                    "pick); an edge pick extends its axis by itself, a geometric step per run, and a pick's "
+                    "unrun neighbours are run, up to --max-extensions runs; an axis scoring the same at every "
+                    "value is reported inert and its grid runs go to the other axes. selection.json records the "
+                    "rule, the move threshold, the inert axes and effective_budget (the distinct effective "
+                    "configurations evaluated).")
     tune.add_argument("--suite", required=True,
                       help="built-in suite name or a suite JSON file (with validation_per_class)")
     tune.add_argument("--methods", type=_csv(str), default=None, help="comma-separated (default: the suite's)")
@@ -318,10 +328,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--out", required=True, help="directory for selection.json (added to if it exists)")
     tune.add_argument("--no-progress", action="store_true", help="no progress bars")
     tune.add_argument("--max-extensions", type=int, default=MAX_EXTENSIONS,
-                      help="edge extensions per method (an edge pick extends its axis one step per run)")
+                      help=f"runs a search adds past its grid: edge steps and neighbour checks (default "
+                           f"{MAX_EXTENSIONS}, the one limit of every committed search, at least the most any of "
+                           f"them was ever given; another value is another rule, and is recorded)")
     tune.add_argument("--resume", default=None,
                       help="a selection.json whose searches of these methods (same suite, seed, grid) continue here: "
-                           "its scores are read, not run again (with a higher --max-extensions, an edge pick extends)")
+                           "its scores are read, not run again, and its extensions count towards the limit (not "
+                           "needed to extend an edge pick: every search extends to the limit by itself)")
     tune.add_argument("--precision", choices=PRECISIONS, default=None,
                       help="bf16 autocast or fp32 (auto: bf16 only where measured faster; "
                            "hf_clroute.backbones.precision)")

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from hf_clroute.bench.harness.grid_search import MAX_EXTENSIONS, recorded_flags, search, step_past
+from hf_clroute.bench.harness.grid_search import recorded_flags, search, step_past
 from hf_clroute.bench.harness.settings import CONFIG_ROOT, SETTINGS_FOLDERS, registered_method
 from hf_clroute.bench.runners import tune as tuning
 from hf_clroute.bench.runners.tune import BUDGET, LEARNING_RATES, search_grid, selected
@@ -91,8 +91,8 @@ def test_a_pick_on_the_top_edge_extends_until_it_is_interior_then_checks_its_oth
         ({LR: 2.7e-2, "config.k": 1}, True), ({LR: 2.7e-2, "config.k": 4}, True)]
     assert record["pick_point"] == {LR: 2.7e-2, "config.k": 2} and record["edge"] is False
     assert record["edge_axes"] == [] and len(record["validation_A_T"]) == len(grid)
-    # With the default three runs the checks never run, and the pick says so.
-    short = search(grid, _score_peaked_at(**{LR: 2.7e-2, "config.k": 2}), _always_valid)
+    # With three runs the checks never run, and the pick says so.
+    short = search(grid, _score_peaked_at(**{LR: 2.7e-2, "config.k": 2}), _always_valid, max_extensions=3)
     assert short["pick_point"] == {LR: 2.7e-2, "config.k": 2} and short["edge"] is True
     assert short["edge_axes"] == [{"axis": "config.k", "side": side, "reason": "neighbour not run: extensions used up"}
                                   for side in ("low", "high")]
@@ -128,9 +128,8 @@ def test_a_resumed_search_starts_from_the_best_point_it_recorded():
 
 def test_a_pick_still_on_an_edge_after_the_extensions_is_flagged():
     grid = [{LR: lr, "config.k": k} for lr in (3e-4, 1e-3, 3e-3) for k in (1, 2, 4, 8)]
-    record = search(grid, _score_peaked_at(**{LR: 1e-7, "config.k": 4}), _always_valid)
+    record = search(grid, _score_peaked_at(**{LR: 1e-7, "config.k": 4}), _always_valid, max_extensions=3)
     assert [e["point"][LR] for e in record["extensions"]] == [9e-5, 2.7e-5, 8.1e-6]
-    assert len(record["extensions"]) == MAX_EXTENSIONS
     assert record["edge"] is True
     assert record["edge_axes"] == [{"axis": LR, "side": "low", "reason": "extensions used up"}] + [
         {"axis": "config.k", "side": side, "reason": "neighbour not run: extensions used up"}
@@ -151,12 +150,13 @@ def test_an_edge_that_cannot_extend_is_flagged_as_the_end_of_its_range():
     assert record["edge"] and record["edge_axes"][0]["reason"] == "end of the axis's valid range"
 
 
-def test_ties_keep_the_first_pick_so_a_flat_axis_ends_interior():
+def test_ties_keep_the_centre_pick_so_a_flat_axis_costs_no_run():
     grid = [{LR: lr, "training.weight_decay": wd} for lr in (3e-4, 1e-3, 3e-3) for wd in (1e-3, 1e-2, 1e-1, 1.0)]
     record = search(grid, lambda p: 0.5, _always_valid)
-    # The first point is on the low edge of both axes: each extends once, ties, and the pick stays.
-    assert [e["axis"] for e in record["extensions"]] == [LR, "training.weight_decay"]
-    assert record["pick_point"] == grid[0] and not record["edge"]
+    # The search starts at the grid's centre and a tie never moves it: both axes are inert, nothing extends.
+    assert record["extensions"] == [] and record["pick_point"] == {LR: 1e-3, "training.weight_decay": 1e-2}
+    assert record["inert_axes"] == [LR, "training.weight_decay"] and record["effective_budget"] == 1
+    assert not record["edge"]
 
 
 def test_step_past_is_geometric_and_selected_merges_nested_fields():
@@ -326,6 +326,7 @@ def test_epochs_are_not_shared_when_an_epoch_ends_inside_a_batch(tiny_suite, tmp
     runs = []
     monkeypatch.setattr(tuning, "run_method", lambda suite, method, seed, *, selected, **kwargs: (
         runs.append(selected["training.epochs"]) or selected, None, None))
-    monkeypatch.setattr(tuning, "summarize_result", lambda point, scenario: {"A_T": point["training.epochs"] / 10})
+    monkeypatch.setattr(tuning, "summarize_result",  # the rate moves the score too: no axis is inert
+                        lambda point, scenario: {"A_T": point["training.epochs"] / 10 + point[LR]})
     record = tuning.tune(SuiteConfig.load(str(path)), ["joint-offline"], tmp_path, max_extensions=0)
     assert runs == [1, 2, 4, 8] * 3 and "shared_epochs" not in record["methods"]["joint-offline"]

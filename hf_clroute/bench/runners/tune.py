@@ -1,34 +1,31 @@
 """`hf-clroute tune`: choose each method's hyper-parameters on the validation split, never on test.
 
-One search rule for every method, so no method wins by a larger search:
+One search rule for every method, applied by the search itself, so no method wins by a larger search:
 
 * **The same budget.** Every method runs exactly ``BUDGET`` (12) configurations before extension. A gradient-trained
   method searches the learning rates ``LEARNING_RATES`` times exactly ``BUDGET / len(LEARNING_RATES)`` (4) points of
   at most ``MAX_KNOBS`` (2) knobs of its own (``"search"`` in its settings file); one with no knob of its own
   searches the weight decays ``WEIGHT_DECAYS``. A method with nothing to train searches 12 points of its own knobs;
   one with no knob at all (NCM) has one configuration.
-* **Edges extend, neighbours are checked.** A numeric pick on the edge of its axis (the learning rate, or a knob
-  such as ``k`` or ``head_options.ridge_lambda``) extends that axis one geometric step past the edge (the ratio of
-  the edge to its neighbour; the other axes at the pick) and runs it. A pick whose neighbour on an axis (the nearest
-  value tried on either side) never ran at the pick's other values, as after an extension moved it off the grid's
-  lines, runs that neighbour (a *check*). Up to ``MAX_EXTENSIONS`` (3) such runs per method
-  (:mod:`hf_clroute.bench.harness.grid_search`). A pick still on an edge or with an unrun neighbour after that, or
-  at the end of its axis's valid range, is flagged (``"edge": true`` and which axis); the tables mark it. Such a
-  pick is not a pick: ``resume`` (``--resume``) continues that search with a higher ``max_extensions`` from the best
-  point it recorded (its extensions stand, with their scores, and count towards the limit), so only the new runs
-  train (the recorded scores stand as they were measured; a re-run under later code can differ on a seed). Every
-  method gets the same rule; the limit each search ran under is recorded with it.
+* **One search rule** (:mod:`hf_clroute.bench.harness.grid_search`): the search starts at the grid's centre; a point
+  replaces the pick only when it beats it by at least one binomial standard error of validation accuracy
+  (``sqrt(p(1-p)/N)``, N the validation examples); an edge pick extends its axis one geometric step, a pick whose
+  neighbour never ran at its other values runs it (a *check*), up to ``MAX_EXTENSIONS`` runs, the same limit for
+  every method and suite, with no resume needed; an axis that scores the same at every value is ``inert`` and the
+  grid runs it wasted go to the other axes. The record says all of it: ``search_rule``, ``move_threshold``,
+  ``moves``, ``inert_axes``, ``effective_budget`` (distinct effective configurations evaluated). A pick still on
+  an edge after that is flagged (``"edge": true``); the tables mark it. ``--resume`` reads a recorded search's
+  scores instead of running them again (its extensions stand and count towards the limit).
 
 ``"search"`` is either axes whose product gives the points (``{"config.k": [1, 5]}``) or explicit points
 (``{"points": [{"config.a": 1, "config.b": "x"}, ...]}``); a dict value (``"config.head_options": [{...}]``) or a
 dotted key (``"config.head_options.shrinkage"``) sets fields inside a dict field, over the method's own value for
 the suite. Each configuration runs the suite's stream with every test split replaced by the validation split carved
-from the training data (``validation_per_class``), one seed (``seed``, default 0); the best validation A_T is picked
-(ties: the first run). ``selection.json`` records the grid, every score, every extension and the pick; ``hf-clroute
-bench --selection`` trains with the picks and copies the record into results.json. Epochs share a run where they can
-(:func:`epoch_siblings`), and a stopped search loses nothing (:class:`SearchProgress`).
+from the training data (``validation_per_class``), one seed (``seed``, default 0). ``selection.json`` records the
+grid, every score, every extension and the pick; ``hf-clroute bench --selection`` trains with the picks and copies
+the record into results.json. Epochs share a run where they can (:func:`epoch_siblings`), and a stopped search
+loses nothing (:class:`SearchProgress`).
 """
-
 from __future__ import annotations
 
 import copy
@@ -44,7 +41,7 @@ from hf_clroute.bench.harness.feature_cache import (
     FeatureCollator,
     cache_stream_features,
 )
-from hf_clroute.bench.harness.grid_search import MAX_EXTENSIONS, Point, search
+from hf_clroute.bench.harness.grid_search import MAX_EXTENSIONS, SE_MULTIPLE, TOLERANCE, Point, search
 from hf_clroute.bench.harness.settings import method_search, resolve_run
 from hf_clroute.bench.harness.suites import (
     SuiteConfig,
@@ -244,7 +241,10 @@ class SearchProgress:
 
 
 def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, command: str | None = None,
-         progress: bool = False, max_extensions: int = MAX_EXTENSIONS, resume: Path | None = None) -> dict[str, Any]:
+         progress: bool = False, max_extensions: int | None = None, resume: Path | None = None) -> dict[str, Any]:
+    """Tune ``methods`` on ``suite``'s validation split by the one search rule (module docstring) into
+    ``out``/selection.json; ``max_extensions`` None: ``MAX_EXTENSIONS``, the limit of every committed search."""
+    max_extensions = MAX_EXTENSIONS if max_extensions is None else max_extensions
     if not suite.validation_per_class:
         raise ValueError(f"suite {suite.name!r} has no validation split (set validation_per_class)")
     if isinstance(max_extensions, bool) or not isinstance(max_extensions, int) or max_extensions < 0:
@@ -265,6 +265,7 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
         del model
     stream = decode_stream_if_small(validation_stream(build_stream(suite, seed)), collator)
     train_examples = sum(len(e.train) for e in stream)
+    n_validation = sum(len(e.test) for e in stream)  # the examples every validation A_T is measured on
     cached_stream = None
     if any(plan[2] for plan in plans.values()):
         cached_stream, _ = cache_stream_features(backbone, stream, collator)
@@ -321,7 +322,7 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
                 return False
             return True
 
-        found = search(grid, score, valid, max_extensions, earlier)
+        found = search(grid, score, valid, max_extensions, earlier, n_validation=n_validation)
         record[method] = {**found, "pick": selected(found["pick_point"], config), "seed": seed, "trains": trains,
                           "metric": "A_T on the validation split", "max_extensions": max_extensions,
                           "precision": precision,
@@ -332,6 +333,7 @@ def tune(suite: SuiteConfig, methods: list[str], out: Path, seed: int = 0, comma
                              if resume else {})}
     selection = {"suite": suite.name, "methods": record, "learning_rates": list(LEARNING_RATES),
                  "weight_decays": list(WEIGHT_DECAYS), "budget": BUDGET, "max_extensions": MAX_EXTENSIONS,
+                 "se_multiple": SE_MULTIPLE, "inert_tolerance": TOLERANCE,
                  "commands": [command] if command else []}
     path = out / "selection.json"
     if path.is_file():  # tuning more methods adds to the same file

@@ -313,7 +313,7 @@ def adapt(headroom: HeadroomSuite, suite: SuiteConfig, name: str, seed: int, joi
     scores = found["validation_A_T"] + [e["validation_A_T"] for e in found["extensions"]]
     record = {"grid": [{**p, "validation": v} for p, v in zip(tried, scores)], "pick": pick,
               "validation": found["pick_validation_A_T"], "extensions": found["extensions"], "edge": found["edge"],
-              "edge_axes": found["edge_axes"], "trainable_params": trained}
+              "edge_axes": found["edge_axes"], "inert_axes": found["inert_axes"], "trainable_params": trained}
     return model, record
 
 
@@ -419,7 +419,8 @@ def adapter_edge(row: dict) -> bool:
     recorded (:func:`~hf_clroute.bench.harness.grid_search.flags`); a row without them keeps its recorded flag."""
     if not row.get("grid"):
         return bool(row.get("edge"))
-    return flags([{k: v for k, v in p.items() if k != "validation"} for p in row["grid"]], row["pick"])["edge"]
+    tried = [{k: v for k, v in p.items() if k != "validation"} for p in row["grid"]]
+    return flags(tried, row["pick"], inert=row.get("inert_axes", ()))["edge"]
 
 
 def aggregate_adapter(rows: list[dict]) -> dict[str, Any]:
