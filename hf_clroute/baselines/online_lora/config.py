@@ -21,29 +21,32 @@ class OnlineLoraConfig(CLConfig):
     )
     window: int = field(
         default=5,
-        metadata={"help": "Loss window (training steps) whose mean and variance detect a plateau (the task-free rule "
-                          "Online-LoRA builds on, Aljundi et al. 2019: window 5)."},
+        metadata={"help": "Loss window: the last `window` steps' training losses (the batch's cross-entropy plus "
+                          "the hard buffer's, summed) whose mean and variance detect a plateau (authors' release: "
+                          "5). The test runs from the first step on, on the losses so far."},
     )
     plateau_mean: float = field(
-        default=0.2,
-        metadata={"help": "A plateau: the window's mean loss below this and its variance below plateau_variance, after "
-                          "a peak (a window mean above the last plateau's mean + std); 0.2 as in that rule, tuned on "
-                          "validation (online-lora.json)."},
+        default=6.0,
+        metadata={"help": "A plateau: the window's mean summed loss below this and its variance below "
+                          "plateau_variance, after a peak (a window mean above the last plateau's mean + std) "
+                          "or before the first plateau (authors' release: 6.0)."},
     )
     plateau_variance: float = field(
-        default=0.1, metadata={"help": "A plateau's variance bound (0.1, as in that rule)."}
+        default=0.1, metadata={"help": "A plateau's variance bound on the summed loss (authors' release: 0.1)."}
     )
     hard_buffer_size: int = field(
         default=4,
-        metadata={"help": "Hard-example buffer: the samples of highest loss seen since the last plateau (4). At a "
-                          "plateau the importance of every merged weight is estimated on them (mean squared gradient, "
-                          "the empirical Fisher). The buffer is not replayed (ours)."},
+        metadata={"help": "Hard buffer: the samples of highest loss among the buffer and the current batch, by the "
+                          "losses of this step's forward (authors' release: 4). Replayed with every batch: each "
+                          "sample's cross-entropy is added to the training loss. At a plateau the importance of "
+                          "the LoRA matrices is estimated on them."},
     )
     penalty_weight: float = field(
-        default=1000.0,
-        metadata={"help": "lambda of the penalty lambda * sum(Omega * dW^2): dW is the current LoRA's change of the "
-                          "merged weights, Omega their importance summed over plateaus (ours: 1000, tuned on "
-                          "validation)."},
+        default=2000.0,
+        metadata={"help": "lambda of the penalty lambda / 2 * sum(Omega_A * A^2 + Omega_B * B^2) on the current "
+                          "LoRA's matrices; Omega: the squared gradient of the cross-entropy against the predicted "
+                          "label, summed over the hard buffer at a plateau, averaged over plateaus (a running "
+                          "mean) (authors' release: 2000)."},
     )
     current_task_loss: bool = field(
         default=False,

@@ -1,9 +1,10 @@
-"""A linear layer with a LoRA that can be merged into it, and the importance of its merged weights.
+"""A linear layer with a LoRA that can be merged into it, and the importance of its LoRA matrices.
 
 ``y = base(x) + x M^T + s * x A^T B^T``: ``base`` is the frozen backbone layer, ``M`` the sum of
 every LoRA merged so far (a buffer saved with the adapter: the backbone's own tensors are never
 written, so the adapter alone rebuilds the consolidated weights), ``B A`` the LoRA training now.
-``importance`` (Omega) weighs each merged weight for the penalty ``sum Omega * (s B A)^2``.
+``importance_A`` / ``importance_B`` (Omega, the shapes of A and B) weigh the penalty
+``sum Omega_A * A^2 + Omega_B * B^2`` on the LoRA training now, as in the authors' release.
 
 Merging restarts the LoRA in place (new A, B = 0), so the optimizer the engine holds keeps
 those tensors; its moments for them are dropped before its next step (``reset_optimizer_state``),
@@ -30,18 +31,25 @@ class MergeableLoRA(nn.Module):
         self.lora_A = nn.Parameter(torch.zeros(r, in_features))
         self.lora_B = nn.Parameter(torch.zeros(out_features, r))
         self.register_buffer("merged", torch.zeros(out_features, in_features))
-        self.register_buffer("importance", torch.zeros(out_features, in_features))
+        self.register_buffer("importance_A", torch.zeros(r, in_features))
+        self.register_buffer("importance_B", torch.zeros(out_features, r))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.base_layer(x) + F.linear(x, self.merged.to(x.dtype))
         return out + F.linear(F.linear(x, self.lora_A.to(x.dtype)), self.lora_B.to(x.dtype)) * self.scale
+
+    @property
+    def importance(self) -> torch.Tensor:
+        """Every importance weight of this layer, flattened (A's, then B's)."""
+        return torch.cat([self.importance_A.flatten(), self.importance_B.flatten()])
 
     def delta(self) -> torch.Tensor:
         """The current LoRA's change of the weights, s B A."""
         return (self.lora_B @ self.lora_A) * self.scale
 
     def penalty(self) -> torch.Tensor:
-        return (self.importance * self.delta().pow(2)).sum()
+        """sum Omega_A * A^2 + Omega_B * B^2 over the LoRA training now."""
+        return (self.importance_A * self.lora_A.pow(2)).sum() + (self.importance_B * self.lora_B.pow(2)).sum()
 
     @torch.no_grad()
     def restart(self, generator: torch.Generator) -> None:

@@ -256,6 +256,7 @@ def run_bench(
                 **(overrides or {}),
             )
             row = summarize_result(result, suite.scenario)
+            row |= getattr(model.method, "run_records", dict)()  # what the method counted (e.g. consolidations)
             row["wall_s"] = time.perf_counter() - started + (cache_s if use_cache else 0.0)
             row["selection"] = pick_record(selection.get(method))  # a merge refuses seeds run with other picks
             if use_cache:
