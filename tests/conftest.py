@@ -195,3 +195,15 @@ def checked_search_grid():
         return grid
 
     return check
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny models (``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    on a shared 2-core machine their threads only fight each other."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -52,13 +52,7 @@ del TEXT_METHODS["vpt"]
 TEXT_METHODS["prompt-tuning"] = lambda: PromptTuningBaselineConfig(num_virtual_tokens=4)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny models on a shared 2-core machine: threads only fight each other (10x slower).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one torch thread (conftest)
 
 
 # ---- tiny real streams ---------------------------------------------------------------

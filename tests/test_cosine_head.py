@@ -43,12 +43,7 @@ D = tiny_vit_config().hidden_size
 COSINE_ROWS = ("rwf-cosine", "l2p-cosine", "dualprompt-cosine", "coda-prompt-cosine", "rwf-head-only-cosine")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one torch thread (conftest)
 
 
 @pytest.fixture(scope="module")

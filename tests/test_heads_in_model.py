@@ -39,12 +39,7 @@ STATISTICS_METHODS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one torch thread (conftest)
 
 
 @pytest.fixture(scope="module")

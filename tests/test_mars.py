@@ -34,13 +34,7 @@ from hf_clroute.methods.mars.slot_statistics import SlotStatistics
 D = 32  # tiny_vit_config hidden size
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: thread start-up dominates, and other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one torch thread (conftest)
 
 
 def tiny_vit() -> ViTModel:

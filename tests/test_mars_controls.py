@@ -17,13 +17,7 @@ from hf_clroute import CLModel, get_cl_model
 from hf_clroute.bench.harness.feature_cache import FeatureCollator
 from hf_clroute.methods.mars import MarsConfig
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one torch thread (conftest)
 
 
 def memory_free(**overrides) -> MarsConfig:

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from datasets import Dataset
-from test_mars import D, one_thread, tiny_vit  # noqa: F401  (one_thread: an autouse fixture)
+from test_mars import D, tiny_vit
 
 from hf_clroute import CLModel, ContinualTrainer, TrainingConfig, get_cl_model
 from hf_clroute.bench.harness.feature_cache import FeatureCollator
@@ -24,6 +24,8 @@ from hf_clroute.data.experiences import Experience
 from hf_clroute.engine import make_accelerator
 from hf_clroute.engine.first_session import adapter_parameters
 from hf_clroute.methods.mars import MarsConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one torch thread (conftest)
 
 
 def feature_stream(

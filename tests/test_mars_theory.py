@@ -24,13 +24,7 @@ from hf_clroute.methods.mars import ExpansionTest, SlotMemory
 from hf_clroute.methods.mars.method import distillation
 from hf_clroute.methods.mars.sgse import reference_success_cdf
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one torch thread (conftest)
 
 
 def theory_config(**overrides):

@@ -13,48 +13,18 @@ method kept, not the helper that computes it.
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
-from transformers import ViTModel
+from test_prompt_baselines import images, start_task, train_steps, vit
 
 from hf_clroute import ContinualTrainer, TrainingConfig, get_cl_model
-from hf_clroute.backbones.catalog import get_blocks, tiny_vit_config
+from hf_clroute.backbones.catalog import get_blocks
 from hf_clroute.baselines import CodaPromptConfig, DualPromptConfig, OnlineLoraConfig
 from hf_clroute.core.method import StepContext
 from hf_clroute.data import ImageCollator, class_incremental, load_source
 from hf_clroute.engine import make_accelerator
 from hf_clroute.engine.callbacks import Callback
-
-
-def vit(layers: int = 5) -> ViTModel:
-    torch.manual_seed(0)
-    return ViTModel(tiny_vit_config(num_hidden_layers=layers)).eval()
-
-
-def images(n: int, seed: int) -> torch.Tensor:
-    return torch.randn(n, 3, 16, 16, generator=torch.Generator().manual_seed(seed))
-
-
-def start_task(model, task: int, classes: list[int]) -> None:
-    """What the engine does at a task's start: grow the head, record the classes, call the hook."""
-    model.grow_head(max(classes) + 1)
-    model.method.task_classes = list(classes)
-    model.method.on_task_start(model, SimpleNamespace(classes=classes, name=f"t{task}"), StepContext(task))
-
-
-def train_steps(model, batch: dict, task: int, steps: int = 3, lr: float = 0.05) -> None:
-    optimizer = torch.optim.SGD(model.trainable_parameters(), lr=lr)
-    model.train()
-    for _ in range(steps):
-        optimizer.zero_grad()
-        out = model(**batch)
-        out.loss.backward()
-        optimizer.step()
-        model.after_step(batch, out, StepContext(task))
-    model.eval()
-
 
 # ---- DualPrompt: E-prompt by task id while training, by key at prediction -----------------------------
 
@@ -151,7 +121,7 @@ def test_coda_prompt_weights_are_the_cosine_of_the_attended_query_to_each_key():
     for task in range(2):  # two chunks, both moved off their initialisation
         start_task(model, task, [2 * task, 2 * task + 1])
         train_steps(model, {"pixel_values": images(4, seed=task),
-                            "labels": torch.tensor([0, 1, 0, 1]) + 2 * task}, task)
+                            "labels": torch.tensor([0, 1, 0, 1]) + 2 * task}, task=task)
         if task == 0:
             method.on_task_end(model, None, StepContext(task))
     blocks = get_blocks(model.backbone)

@@ -51,7 +51,7 @@ def end_task(model: CLModel, task: int) -> None:
     model.method.on_task_end(model, None, StepContext(task))
 
 
-def train_steps(model: CLModel, batch: dict, steps: int = 3, lr: float = 0.05) -> None:
+def train_steps(model: CLModel, batch: dict, steps: int = 3, lr: float = 0.05, task: int = 0) -> None:
     optimizer = torch.optim.SGD(model.trainable_parameters(), lr=lr)
     model.train()
     for _ in range(steps):
@@ -59,7 +59,7 @@ def train_steps(model: CLModel, batch: dict, steps: int = 3, lr: float = 0.05) -
         out = model(**batch)
         out.loss.backward()
         optimizer.step()
-        model.after_step(batch, out, StepContext(0))
+        model.after_step(batch, out, StepContext(task))
     model.eval()
 
 

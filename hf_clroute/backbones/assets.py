@@ -16,7 +16,6 @@ Building an asset (training) stays in :mod:`hf_clroute.backbones.pretraining.rec
 
 from __future__ import annotations
 
-import hashlib
 import lzma
 import os
 import shutil
@@ -25,6 +24,7 @@ import warnings
 from pathlib import Path
 
 from hf_clroute.errors import UserInputError
+from hf_clroute.hub.io import sha256_file
 
 PREFIX = "pretrained-vit:"
 CHECKSUMS_NAME = "SHA256SUMS"  # `sha256sum -c SHA256SUMS` format, over the installed (decompressed) files
@@ -83,14 +83,6 @@ def asset_revision(backbone: str) -> str | None:
     if name is None or not (assets_root() / name / CHECKSUMS_NAME).is_file():
         return None
     return "sha256:" + read_checksums(assets_root() / name / CHECKSUMS_NAME)[WEIGHTS_FILE]
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_checksums(path: Path) -> dict[str, str]:

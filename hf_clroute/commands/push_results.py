@@ -28,8 +28,8 @@ from hf_clroute.core.model_card import (
     library_versions,
     package_license,
 )
-from hf_clroute.errors import HubError, UserInputError
-from hf_clroute.hub.io import HubPushError, atomic_write_text, hub_call, read_json
+from hf_clroute.errors import UserInputError
+from hf_clroute.hub.io import atomic_write_text, push_folder, read_json
 
 #: the per-seed table inside the dataset repo (what ``load_dataset`` loads)
 TABLE_FILE = "data/per_seed.parquet"
@@ -272,29 +272,13 @@ def stage_run(run_dir: Path, results: dict[str, Any], repo_id: str, stage: Path)
     return sorted(p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file())
 
 
-def push_dataset_folder(folder: str | os.PathLike, repo_id: str, *, what: str, token: str | None = None,
-                        private: bool = False, revision: str | None = None, create_pr: bool = False,
-                        timeout: float | None = None, commit_message: str = "Upload hf_clroute results") -> str:
-    """Create the dataset repo if needed and upload ``folder`` in one commit (replacing the files of
-    :data:`MANAGED` an earlier push left); returns the commit URL (with ``create_pr``, the pull request's).
-    Runs under :func:`~hf_clroute.hub.io.hub_call`; a failure is a :class:`HubPushError` naming ``what``."""
-    from huggingface_hub import HfApi
-
-    api = HfApi(token=token)
-
-    def push() -> Any:
-        api.create_repo(repo_id, repo_type="dataset", private=private, exist_ok=True)
-        if revision is not None and not create_pr and not revision.startswith("refs/"):
-            api.create_branch(repo_id, repo_type="dataset", branch=revision, exist_ok=True)
-        return api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="dataset",
-                                 commit_message=commit_message, revision=revision, create_pr=create_pr or None,
-                                 delete_patterns=list(MANAGED))
-
-    try:
-        info = hub_call(push, what=f"push to dataset {repo_id!r}", revision=revision, timeout=timeout)
-    except HubError as err:  # the message never holds the token: only the error's type and words
-        raise HubPushError(f"push of {what} to dataset {repo_id!r} failed: {err}; local files are intact") from err
-    return str(getattr(info, "pr_url", None) or info) if create_pr else str(info)
+def push_dataset_folder(folder: str | os.PathLike, repo_id: str, *, what: str,
+                        commit_message: str = "Upload hf_clroute results", **kwargs: Any) -> str:
+    """Upload ``folder`` to the dataset repo ``repo_id`` in one commit with :func:`~hf_clroute.hub.io.push_folder`,
+    replacing the files of :data:`MANAGED` an earlier push left; ``kwargs``: ``token``, ``private``,
+    ``revision``, ``create_pr``, ``timeout``."""
+    return push_folder(folder, repo_id, what=what, commit_message=commit_message, repo_type="dataset",
+                       delete_patterns=list(MANAGED), **kwargs)
 
 
 def push_results(run_dir: str | os.PathLike, repo_id: str, **kwargs: Any) -> str:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hf_clroute.errors import ResumeError, UserInputError
-from hf_clroute.hub.io import atomic_path, atomic_write_text
+from hf_clroute.hub.io import atomic_path, atomic_write_text, sha256_file
 
 if TYPE_CHECKING:  # pragma: no cover
     from accelerate import Accelerator
@@ -145,18 +145,10 @@ def _size_problem(path: Path, manifest: dict[str, dict[str, Any]] | str | None) 
     return None
 
 
-def _sha256(file: Path) -> str:
-    digest = hashlib.sha256()
-    with open(file, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _write_manifest(directory: Path) -> None:
     """Record every file under ``directory`` (its size and sha256) in :data:`MANIFEST_NAME`."""
     files = sorted(p for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_NAME)
-    record = {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in files}
+    record = {p.relative_to(directory).as_posix(): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
     with atomic_path(directory / MANIFEST_NAME) as tmp:
         tmp.write_text(json.dumps({"files": record}, indent=1, sort_keys=True) + "\n")
 
@@ -222,7 +214,7 @@ def checkpoint_problem(path: Path) -> str | None:
     problem = _size_problem(path, manifest) or next(iter(unreadable), None)  # a size says more than an error
     if problem is None and isinstance(manifest, dict):
         problem = next((f"{name} differs from the file written (sha256)" for name, record in manifest.items()
-                        if _sha256(path / name) != record["sha256"]), None)
+                        if sha256_file(path / name) != record["sha256"]), None)
     _VERIFIED[key] = problem
     return problem
 

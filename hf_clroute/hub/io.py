@@ -14,6 +14,7 @@ repo and the server (:class:`~hf_clroute.errors.HubError`; a push's, :class:`Hub
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -73,6 +74,15 @@ def sort_safetensors_header(path: str | os.PathLike) -> None:
         if len(text) <= size:
             handle.seek(8)
             handle.write(text + b" " * (size - len(text)))  # safetensors pads its header with spaces too
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The hex sha256 of a file, read in 1 MiB blocks (checkpoints, committed assets)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_write_text(target: str | os.PathLike, text: str) -> None:
@@ -314,9 +324,14 @@ def push_folder(
     revision: str | None = None,
     create_pr: bool = False,
     timeout: float | None = None,
+    repo_type: str | None = None,
+    delete_patterns: list[str] | None = None,
 ) -> str:
     """Create the repo if needed and upload ``folder`` in one commit; returns the commit URL
     (with ``create_pr``, the pull request's).
+
+    ``repo_type``: None (a model repo) or ``"dataset"``; ``delete_patterns``: the repo's files an earlier push
+    left that this commit removes (those ``folder`` brings again are replaced).
 
     ``revision``: the branch to commit to, created from main when missing (as transformers'
     ``push_to_hub`` does); with ``create_pr`` the commit opens a pull request against it instead.
@@ -327,17 +342,20 @@ def push_folder(
 
     api = HfApi(token=token)
 
+    target = f"dataset {repo_id!r}" if repo_type == "dataset" else repr(repo_id)
+
     def push() -> Any:
-        api.create_repo(repo_id, private=private, exist_ok=True)
+        api.create_repo(repo_id, repo_type=repo_type, private=private, exist_ok=True)
         if revision is not None and not create_pr and not revision.startswith("refs/"):
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
-        return api.upload_folder(folder_path=str(folder), repo_id=repo_id, commit_message=commit_message,
-                                 revision=revision, create_pr=create_pr or None)
+            api.create_branch(repo_id, repo_type=repo_type, branch=revision, exist_ok=True)
+        return api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type=repo_type,
+                                 commit_message=commit_message, revision=revision, create_pr=create_pr or None,
+                                 delete_patterns=delete_patterns)
 
     try:
-        info = hub_call(push, what=f"push to {repo_id!r}", revision=revision, timeout=timeout)
+        info = hub_call(push, what=f"push to {target}", revision=revision, timeout=timeout)
     except HubError as err:  # the message never holds the token: only the error's type and words
-        raise HubPushError(f"push of {what or folder} to {repo_id!r} failed: {err}; local files are intact") from err
+        raise HubPushError(f"push of {what or folder} to {target} failed: {err}; local files are intact") from err
     return str(getattr(info, "pr_url", None) or info) if create_pr else str(info)
 
 

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_clroute.backbones.assets import ASSET_FILES, CHECKSUMS_NAME, COMPRESSED
-from hf_clroute.backbones.assets import sha256_file as _sha256
+from hf_clroute.hub.io import sha256_file as _sha256
 from hf_clroute.metrics.probes import (
     linear_probe_accuracy,  # the probe lives with the probes; importable here too
 )
