@@ -295,3 +295,25 @@ def test_a_cached_backbone_that_differs_from_the_committed_asset_is_replaced(tmp
         warnings.simplefilter("error")  # verified once: no second look, no warning
         resolve_backbone_name(ASSET)
     assert [p.name for p in (tmp_path / "models").iterdir()] == ["vit-mnist-stream"]  # no stale copy left beside it
+
+
+def test_a_concurrent_install_keeps_the_copy_another_process_installed(tmp_path, monkeypatch):
+    """Two processes on a fresh cache both install the asset; the one that finishes second must not
+    rename away the copy the first one installed (and may already be loading)."""
+    from hf_clroute.backbones import assets
+
+    asset = assets.committed_asset("vit-mnist-stream")
+    final = tmp_path / "models" / "vit-mnist-stream"
+    install = assets.install_asset
+
+    def racing_install(source, out):
+        install(source, out)
+        if not final.exists():  # the other process wins the race while this one copies
+            final.mkdir()
+            install(source, final)
+            final.joinpath("marker").write_text("first")  # not in SHA256SUMS: checksums ignore it
+
+    monkeypatch.setattr(assets, "install_asset", racing_install)
+    assert assets.installed_asset_path(asset, final) == final
+    assert final.joinpath("marker").read_text() == "first"  # the winner's copy was never replaced
+    assert [p.name for p in final.parent.iterdir()] == ["vit-mnist-stream"]  # no temporary copy left

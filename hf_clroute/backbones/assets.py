@@ -153,6 +153,8 @@ def installed_asset_path(asset: Path, final: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.installing-", dir=final.parent))
     try:
         install_asset(asset, tmp)
+        if final.is_dir() and not mismatched_files(asset, final):
+            return final  # another process installed it meanwhile: a copy it may be reading stays put
         if final.exists():  # the stale copy: renamed away first, so no moment shows a half-deleted one
             trash = Path(tempfile.mkdtemp(prefix=f".{final.name}.stale-", dir=final.parent))
             os.replace(final, trash / final.name)
