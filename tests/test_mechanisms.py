@@ -4,7 +4,8 @@
   task's key matches the inputs better) and predicts with the E-prompt whose key matches the query.
 * CODA-Prompt weighs its components by alpha_m = cos(q * A_m, K_m), recomputed here by hand from
   the method's own query, attention vectors and keys (uniform weights, or cos(q, K_m), fail).
-* Online-LoRA's hard buffer holds exactly the samples of highest loss seen since the last plateau.
+* Online-LoRA's hard buffer holds exactly the samples of highest loss seen since the last plateau, and
+  its committed pick on split-mnist consolidates (a plateau bound below every loss does not).
 
 Each test reads what the backbone actually received (the prefixes at a block) or what the
 method kept, not the helper that computes it.
@@ -12,7 +13,9 @@ method kept, not the helper that computes it.
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -192,3 +195,32 @@ def test_online_lora_hard_buffer_keeps_exactly_the_highest_loss_samples_seen():
             held.append(label)
         assert held == expected, f"after {len(seen)} samples the buffer holds {held}, the highest-loss are {expected}"
     assert held == [19, 18, 17, 16]  # one from each batch: neither the last batch's nor the first samples
+
+
+# ---- Online-LoRA: consolidation fires under the committed picks -------------------------------------
+
+RESULTS = Path(__file__).resolve().parents[1] / "results"
+
+
+def test_online_lora_consolidates_under_its_committed_pick_on_split_mnist():
+    """The pick `hf-clroute tune` committed for split-mnist merges the LoRA at loss plateaus on split-mnist's own
+    stream (its first two tasks, seed 0): the row is Online-LoRA, not plain LoRA. With the plateau bound below
+    any loss the same run consolidates nothing, so the count is the mechanism's."""
+    from hf_clroute.bench.harness.suites import SuiteConfig, build_stream
+    from hf_clroute.bench.runners.classification import run_method
+
+    pick = json.loads((RESULTS / "split-mnist" / "selection.json").read_text())["methods"]["online-lora"]["pick"]
+    suite = SuiteConfig.load("split-mnist")
+    stream = build_stream(suite, 0)[:2]
+    _, model, _ = run_method(suite, "online-lora", 0, stream=stream, selected=pick)
+    assert model.method.consolidations > 0
+    _, never, _ = run_method(suite, "online-lora", 0, stream=stream, selected={**pick, "config.plateau_mean": 1e-6})
+    assert never.method.consolidations == 0
+
+
+def test_online_lora_rows_record_consolidations_on_every_seed():
+    """results.json keeps each seed's count; on the suites where the issue found none, every seed has some."""
+    for suite in ("split-mnist",):
+        row = json.loads((RESULTS / suite / "results.json").read_text())["methods"]["online-lora"]
+        counts = {seed["seed"]: seed.get("consolidations") for seed in row["per_seed"]}
+        assert len(counts) == 5 and all(n and n > 0 for n in counts.values()), (suite, counts)

@@ -211,8 +211,8 @@ def every_file(results_root: Path, runs: dict[str, dict], link) -> str:
     lines += ["", "Outside the suites' folders:", ""]
     pages = {SUMMARY[0], STUDIES[0], COMMANDS[0]}
     for entry in sorted(results_root.iterdir()):
-        if entry.name in runs or entry.name in pages or entry.name.startswith("."):
-            continue
+        if entry.name in runs or entry.name in pages or entry.name.startswith(".") or entry.name.endswith(".parts"):
+            continue  # <suite>.parts/: the work folders of tune and bench, merged into <suite>/ (mostly untracked)
         notes = sorted(entry.glob("*.md")) if entry.is_dir() else []
         files = notes or (sorted(entry.glob("*.json")) if entry.is_dir() else [entry])
         shown = " · ".join(f"[{p.name}]({link(p)})" for p in files) if files else f"[{entry.name}/]({link(entry)})"
