@@ -44,7 +44,8 @@
 # baselines (gradient CL baselines; on wordnet finetune, LoRA, ER), controls (mars-gaussian-align's control, added later);
 # on split-mnist-r: cached (the statistics heads and RwF's control), prompts (RwF, its paper form,
 # L2P, DualPrompt), adapters (CODA-Prompt, Online-LoRA, VPT, LoRA), readouts (RwF read by streaming LDA);
-# mars-paper (MaRS's first reading); osf (OSF, its control); mars-memory (mars-memory-free, mars-prototypes).
+# mars-paper (MaRS's first reading); osf (OSF, its control); mars-memory (mars-memory-free, mars-prototypes); cosine (RwF,
+# the prompt methods and RwF's control on a cosine head).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-.venv/bin}
@@ -73,6 +74,8 @@ methods() {  # suite group
     adapters) echo coda-prompt,online-lora,vpt,lora ;;
     readouts) echo rwf-slda ;;
     osf) echo osf,osf-head-only ;;  # PEFT's OSF and its control (issue 61; `rows`, one method at a time)
+    cosine) echo rwf-head-only-cosine,l2p-cosine,rwf-cosine,coda-prompt-cosine,dualprompt-cosine ;;  # the cosine
+                                    # head beside the paper's linear one (issue 60; `rows`, cheapest first)
     mars-memory) echo mars-memory-free,mars-prototypes ;;  # MaRS's control without memory, and prototypes
                                                             # distilled without the router (issue 60; `rows`)  # RwF's routing read by streaming LDA (its control: slda), beside the linear-head rows
     *) echo "unknown group: $2" >&2; exit 2 ;;
