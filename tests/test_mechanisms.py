@@ -220,7 +220,7 @@ def test_online_lora_consolidates_under_its_committed_pick_on_split_mnist():
 
 def test_online_lora_rows_record_consolidations_on_every_seed():
     """results.json keeps each seed's count; on the suites where the issue found none, every seed has some."""
-    for suite in ("split-mnist",):
+    for suite in ("split-mnist", "split-mnist-r"):
         row = json.loads((RESULTS / suite / "results.json").read_text())["methods"]["online-lora"]
         counts = {seed["seed"]: seed.get("consolidations") for seed in row["per_seed"]}
         assert len(counts) == 5 and all(n and n > 0 for n in counts.values()), (suite, counts)
