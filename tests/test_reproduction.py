@@ -169,6 +169,8 @@ def test_the_status_reads_the_holm_p_over_the_table(tmp_path):
     assert "the 3 paired t-tests" in table and "the other 1 rows have no test" in table
     row = next(line for line in table.splitlines() if line.startswith("| `c1` |"))
     assert "Holm: tie) | 0.045 | 0.136 | not reproduced: in the claimed direction at p < 0.05 before Holm" in row
+    taken = next(line for line in table.splitlines() if line.startswith("Taken away by the correction"))
+    assert taken.count("Holm p 0.136") == 3 and "`c0` (p 0.045, Holm p 0.136)" in taken
 
 
 def test_notes_attach_to_their_claim_by_id_not_by_text(tmp_path):

@@ -366,5 +366,9 @@ def reproduction_table(results_root: Path) -> str:
         cells = [f"`{claim.id}`", claim.paper, claim.claim, claim.paper_figure, claim.setting + seeds, ours,
                  _paired_cell(got), _p(raw_p), _p(got["p_holm"]), _status_cell(claim, got)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    taken = [f"`{c.id}` (p {_p(g['paired']['p'])}, Holm p {_p(g['p_holm'])})"
+             for c, g in zip(claims, assessed) if g["corrected_away"]]
+    lines += ["", "Taken away by the correction (in the claimed direction at p < "
+              f"{ALPHA:g} before it): " + ("; ".join(taken) if taken else "none") + "."]
     notes = [f"- `{c.id}` ({c.paper}, {c.claim}): {c.note}" for c in claims if c.note]
     return "\n".join(lines) + "\n" + ("\nNotes:\n" + "\n".join(notes) + "\n" if notes else "") + "\n"
