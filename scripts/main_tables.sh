@@ -21,6 +21,8 @@
 #                                                    new picks and replace theirs. precision: the setting the rows
 #                                                    ran with (their results.json; none recorded = fp32)
 #   scripts/main_tables.sh mars-extended <suite>      MaRS's rows re-run by `mars_ablations.sh extend` into the table
+#   scripts/main_tables.sh rule_cached <suite>        every row on cached features searched again by the one rule
+#                                                    (MERGE_ONLY=1: only join the runs already there)
 #   scripts/main_tables.sh mars <suite>              MaRS's rows as issue 32 left them (mars-paper re-run)
 #   scripts/main_tables.sh room                      RwF against its paper's baselines on split-mnist-r
 #                                                    (two jobs at a time)
@@ -159,6 +161,26 @@ extend() {  # suite precision methods
   "$BIN/hf-clroute" bench --suite "$1" --methods "$3" --seeds "$SEEDS" --out "$out" \
       --selection "$out/selection.json" --no-progress --precision "$2"
   add "$1" "$out"
+}
+
+rule_cached() {  # suite: every row on cached frozen features searched again by tune's one rule (no resume), 5 seeds,
+                 # fp32; MaRS and its ablations into results/mars-<suite>/{tune,parts}/rule (the ablations stay
+                 # there), the rest into results/<suite>.parts/rule-cached; both replace the table's rows
+  local mars=mars,mars-no-sgse,mars-no-anchor,mars-no-stage1,mars-no-stage2,mars-head-only
+  local rest=simplecil,slda,ranpac,ranpac-gcv,knn,joint-frozen,rwf-head-only,apn-head-only,mars-gaussian-align
+  rest=$rest,mars-gaussian-align-head-only,mars-paper,mars-paper-head-only,qoa
+  local m=results/mars-$1 r=results/$1.parts/rule-cached
+  if [ -z "${MERGE_ONLY:-}" ]; then
+    "$BIN/hf-clroute" tune --suite "$1" --methods "$mars" --seed 0 --out "$m/tune/rule" --no-progress --precision fp32
+    "$BIN/hf-clroute" bench --suite "$1" --methods "$mars" --seeds "$SEEDS" --out "$m/parts/rule" \
+        --selection "$m/tune/rule/selection.json" --no-progress --precision fp32
+    "$BIN/hf-clroute" tune --suite "$1" --methods "$rest" --seed 0 --out "$r" --no-progress --precision fp32
+    "$BIN/hf-clroute" bench --suite "$1" --methods "$rest" --seeds "$SEEDS" --out "$r" --selection "$r/selection.json" \
+        --no-progress --precision fp32
+  fi
+  "$BIN/hf-clroute" merge --out "results/$1" "results/$1" "$m/parts/rule" "$r" \
+      --drop mars-no-sgse,mars-no-anchor,mars-no-stage1,mars-no-stage2
+  "$BIN/hf-clroute" report
 }
 
 mars-extended() {  # suite: the mars rows (and the control) whose searches `mars_ablations.sh extend` continued
