@@ -362,3 +362,14 @@ def test_the_headroom_table_names_adapters_the_paired_test_calls_better_on_the_s
     listed = {**study(range(5), {"lora": steady}), "config": {"adapters": ["rwf", "lora"]}}
     assert "| headroom-mnist | 0 | rwf | not run | not run | not run |" in headroom_table({"headroom-mnist": listed})
     assert headroom_table({}) == ""
+
+
+def test_a_row_searched_before_the_one_rule_carries_its_mark():
+    from hf_clroute.bench.reports.tables import marks
+
+    grid = [{"training.learning_rate": r} for r in (3e-4, 1e-3, 3e-3)]
+    earlier = {"grid": grid, "pick_point": grid[1], "pick": grid[1], "extensions": [], "edge": False}
+    assert marks({"selection": earlier}) == "§"
+    ruled = {**earlier, "search_rule": {"max_extensions": 18, "se_multiple": 1.0}}
+    assert marks({"selection": ruled}) == ""
+    assert marks({"selection": {}}) == "" and marks(None) == ""  # nothing searched: nothing to mark

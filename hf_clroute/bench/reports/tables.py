@@ -113,8 +113,17 @@ def edge_mark(row: dict | None) -> str:
 
 
 def marks(row: dict | None) -> str:
-    """The marks a row carries wherever it is named: † (an edge pick) and ‡ (mixed precisions)."""
-    return edge_mark(row) + precision_mark(row)
+    """The marks a row carries wherever it is named: † (an edge pick), § (searched under the earlier rule)
+    and ‡ (mixed precisions)."""
+    return edge_mark(row) + earlier_rule_mark(row) + precision_mark(row)
+
+
+def earlier_rule_mark(row: dict | None) -> str:
+    """"§" for a row whose pick came from a search that recorded no ``search_rule``: one made before
+    `hf-clroute tune` applied its one rule (a limit of 3 extensions, some resumed by hand, any gain moving the
+    pick). A row with nothing searched carries none."""
+    selection = (row or {}).get("selection") or {}
+    return "§" if "grid" in selection and "search_rule" not in selection else ""
 
 
 def precision_mark(row: dict | None) -> str:
@@ -149,7 +158,9 @@ def se_cell(row: dict | None, test_size: int | None) -> str:
 
 
 EDGE_NOTE = ("the pick is still on the edge of its search grid after extension, or a neighbour of it on one axis "
-             "never ran at its other values (selection.json; `hf_clroute/bench/harness/grid_search.py`).")
+             "never ran at its other values (selection.json; `hf_clroute/bench/harness/grid_search.py`). § : the "
+             "pick comes from a search made before `hf-clroute tune` applied its one rule (docs/protocol.md), not "
+             "yet searched again.")
 PRECISION_NOTE = ("‡ : its seeds ran at different precisions (each seed's `precision` in results.json: bf16 on a CPU "
                   "with bf16 units, fp32 on one without); the paired fp32-vs-bf16 check (BENCHMARKS.md, "
                   "Mixed precision) found A_T within the paired noise on the suites it ran.")
