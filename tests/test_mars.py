@@ -792,13 +792,28 @@ def test_settings_files_name_the_variants_and_search_with_the_same_budget(method
 
 @pytest.mark.parametrize("method", ["mars", "mars-gaussian-align"])
 def test_each_mars_row_has_a_control_that_differs_only_in_the_memory(method):
+    """mars's control has no memory at all (no router, slots or anchors: mars-memory-free); the Gaussian
+    rehearsal row's control keeps its memory untrained. Everything else, training included, is the row's."""
     from hf_clroute.bench.harness.settings import method_file, method_search, resolve_run
     from hf_clroute.bench.harness.suites import SuiteConfig
 
     suite = SuiteConfig.load("split-mnist")
     control = method_file(method)["control"]
-    ours, theirs = resolve_run(suite, method, 0).adapter_config, resolve_run(suite, control, 0).adapter_config
+    ours, theirs = resolve_run(suite, method, 0), resolve_run(suite, control, 0)
+    assert ours.training == theirs.training
+    ours, theirs = ours.adapter_config, theirs.adapter_config
     differing = {f for f in vars(ours) if getattr(ours, f) != getattr(theirs, f)}
-    assert differing == {"use_stage1", "use_sgse"}  # the memory trains and grows, or it does not
-    assert not theirs.use_stage1 and not theirs.use_sgse
-    assert method_search(control) == method_search(method)
+    if method == "mars":
+        assert control == "mars-memory-free"
+        assert differing == {"memory", "use_sgse", "use_anchors"}
+        assert theirs.memory == "none" and not theirs.use_sgse and not theirs.use_anchors
+        # the same two-knob budget: the LwF weight in place of the anchor weight it does not have
+        swap = [{k.replace("lambda_lwf", "lambda_anchor"): v for k, v in p.items()}
+                for p in method_search(control)["points"]]
+        assert [p["config.stage2_ratio"] for p in swap] == [p["config.stage2_ratio"]
+                                                             for p in method_search(method)["points"]]
+        assert len(swap) == len(method_search(method)["points"])
+    else:
+        assert differing == {"use_stage1", "use_sgse"}  # the memory trains and grows, or it does not
+        assert not theirs.use_stage1 and not theirs.use_sgse
+        assert method_search(control) == method_search(method)
