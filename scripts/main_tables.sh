@@ -24,8 +24,8 @@
 #   scripts/main_tables.sh rule_cached <suite>        every row on cached features searched again by the one rule
 #                                                    (MERGE_ONLY=1: only join the runs already there)
 #   scripts/main_tables.sh mars <suite>              MaRS's rows as issue 32 left them (mars-paper re-run)
-#   scripts/main_tables.sh room                      RwF against its paper's baselines on split-mnist-r
-#                                                    (two jobs at a time)
+#   scripts/main_tables.sh room                      split-mnist-r's table from scratch (RwF against its paper's
+#                                                    baselines, the statistics heads, cosine heads, OSF; two lanes)
 #   scripts/main_tables.sh joint-offline <suite>     the suite's upper bound: joint training's offline form, tuned
 #                                                    (unless results/<suite>/joint-offline-selection.json holds its
 #                                                    committed search; TUNE=1 searches again), then 5 seeds, one job
@@ -72,8 +72,8 @@ methods() {  # suite group
     controls) echo mars-gaussian-align-head-only ;;  # on the image suites, added after their cached group
     mars-paper) echo mars-paper,mars-paper-head-only ;;  # the first reading of MaRS, which the cached group's
                                                         # mars rows ran before issue 32 (re-run under its name)
-    prompts) echo rwf,rwf-dot,l2p,dualprompt ;;
-    adapters) echo coda-prompt,online-lora,vpt,lora ;;
+    prompts) echo rwf,rwf-dot,l2p,dualprompt ;;  # split-mnist-r's room ran rwf,l2p,dualprompt (`rows`)
+    adapters) echo coda-prompt,online-lora,vpt,lora ;;  # and lora,online-lora,coda-prompt
     readouts) echo rwf-slda ;;
     osf) echo osf,osf-head-only ;;  # PEFT's OSF and its control (issue 61; `rows`, one method at a time)
     cosine) echo rwf-head-only-cosine,l2p-cosine,rwf-cosine,coda-prompt-cosine,dualprompt-cosine ;;  # the cosine
@@ -120,7 +120,7 @@ rows() {  # suite group [methods: some of the group's, comma-separated]
 
 merge() {  # suite
   local parts=() g d
-  for g in heads cached controls routing prompts adapters readouts qoa joint baselines mars-paper; do
+  for g in heads cached controls routing prompts adapters readouts qoa joint baselines mars-paper cosine osf; do
     for d in "results/$1.parts/$g" "results/$1.parts/$g"-*; do  # a group, or its rows run one by one
       [ -f "$d/results.json" ] && parts+=("$d")
     done
@@ -255,9 +255,11 @@ joint_again() {  # suite...: one job per suite, side by side
   for s in "$@"; do add "$s" "results/$s.parts/joint-again"; done
 }
 
-room() {
-  (tune split-mnist-r prompts; bench split-mnist-r prompts) &
-  (tune split-mnist-r adapters; tune split-mnist-r cached; bench split-mnist-r adapters; bench split-mnist-r cached)
+room() {  # split-mnist-r's table from its backbone up, two lanes: every row tuned by the one rule, then 5 seeds;
+          # then its upper bound (room-joint) and the 20%-data rows (scarce) with the new picks
+  (tune split-mnist-r cached; bench split-mnist-r cached; rows split-mnist-r prompts rwf,l2p,dualprompt
+   rows split-mnist-r cosine rwf-head-only-cosine,rwf-cosine) &
+  (rows split-mnist-r adapters lora,online-lora,coda-prompt; rows split-mnist-r osf osf-head-only,osf)
   wait
   merge split-mnist-r
 }

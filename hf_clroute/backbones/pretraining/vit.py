@@ -89,6 +89,9 @@ DEFAULTS: dict[str, Any] = {
     # benchmarks read the CLS features themselves (NCM by cosine), so a head that keeps the
     # contrastive geometry close to those features serves them better.
     "projector": "linear",
+    # Gaussian blur (p 0.5) and inversion (p 0.2) in the contrastive views too: a backbone that must read
+    # images drawn in other styles than its own data (vit-mnist-r-stream) learns to ignore both.
+    "invert_blur": False,
     "seed": 0,
     "limit": None,  # keep only the first N images of each split (tests)
     "probe_train_limit": None,
@@ -164,7 +167,7 @@ def forever(loader: DataLoader):
 # --------------------------------------------------------------------------- augmentation
 
 
-def augment(images: torch.Tensor, strong: bool) -> torch.Tensor:
+def augment(images: torch.Tensor, strong: bool, invert_blur: bool = False) -> torch.Tensor:
     """uint8 (B, H, W) -> normalised float (B, 1, H, W) with random augmentations, batched in torch.
 
     Random affine (scale, rotation, shear, translation) by ``affine_grid``: the
@@ -198,7 +201,21 @@ def augment(images: torch.Tensor, strong: bool) -> torch.Tensor:
         box = (rows >= top) & (rows < top + 8) & (cols >= left) & (cols < left + 8)
         box &= (torch.rand(b, 1, 1, device=x.device) < 0.5)
         x = x.masked_fill(box.unsqueeze(1), 0.0).clamp(0.0, 1.0)
+        if invert_blur:  # the photometric ops of common self-supervised views: Gaussian blur and inversion
+            x = torch.where(torch.rand(b, 1, 1, 1, device=x.device) < 0.5, gaussian_blur(x, u(0.3, 1.5, 1, 1, 1)), x)
+            x = torch.where(torch.rand(b, 1, 1, 1, device=x.device) < 0.2, 1.0 - x, x)
     return (x - MEAN) / STD
+
+
+def gaussian_blur(x: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    """(B, 1, H, W) blurred by a 5x5 Gaussian of per-image ``sigma`` (B, 1, 1, 1), separably."""
+    offsets = torch.arange(-2, 3, dtype=x.dtype, device=x.device).view(1, 1, 1, 5)
+    kernel = torch.exp(-offsets**2 / (2 * sigma**2))
+    kernel = (kernel / kernel.sum(-1, keepdim=True)).view(-1, 1, 1, 5)  # one kernel per image
+    b = x.shape[0]
+    rows = F.conv2d(x.view(1, b, *x.shape[2:]), kernel, padding=(0, 2), groups=b)
+    cols = F.conv2d(rows, kernel.transpose(2, 3), padding=(2, 0), groups=b)
+    return cols.view_as(x)
 
 
 # --------------------------------------------------------------------------- model
@@ -335,7 +352,8 @@ def training_function(recipe: str, out: str, **overrides: Any) -> dict[str, Any]
         src = next(source_iter)
         tgt = next(target_iter)
         assert "labels" not in tgt  # the target stream's labels never enter training
-        views = torch.cat([augment(tgt["pixel_values"], strong=True), augment(tgt["pixel_values"], strong=True)])
+        views = torch.cat([augment(tgt["pixel_values"], strong=True, invert_blur=cfg["invert_blur"])
+                           for _ in range(2)])
         losses = net(augment(src["pixel_values"], strong=False), src["labels"], views,
                      cfg["temperature"], cfg["label_smoothing"])
         loss = losses["ce"] + cfg["contrastive_weight"] * losses["contrastive"]
@@ -358,7 +376,8 @@ def training_function(recipe: str, out: str, **overrides: Any) -> dict[str, Any]
             f"{cfg['label_smoothing']}) + {cfg['contrastive_weight']} x SimCLR NT-Xent (temperature "
             f"{cfg['temperature']}) on two strongly augmented views of UNLABELLED {spec.contrastive_data} "
             "training images "
-            "(affine, contrast/brightness, noise, erasing); one shared backbone pass; "
+            f"(affine, contrast/brightness, noise, erasing{', blur, inversion' if cfg['invert_blur'] else ''}); "
+            "one shared backbone pass; "
             "the target's labels are never read"
         ),
         "target_labels_used": False,
