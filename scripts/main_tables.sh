@@ -202,11 +202,11 @@ mars() {  # suite: the cached group's mars rows ran MaRS's first reading; they b
 }
 
 scarce() {  # group: split-mnist-r at 20% of its data, with the picks made on split-mnist-r's validation split
-            # (committed: every group on seeds 0-4; the prompts and adapters groups ran 0,1,2 first, then
-            # SCARCE_SEEDS=3,4 into the same folders, added with `add split-mnist-r-20pct <dir>...`)
+            # (committed: every group with SCARCE_SEEDS=0,1,2,3,4 on the retrained backbone, then
+            # `hf-clroute merge --out results/split-mnist-r-20pct results/split-mnist-r-20pct.parts/*`)
   local methods
   case "$1" in
-    prompts) methods=${2:-rwf,l2p,dualprompt} ;;  # committed: rwf, then l2p,dualprompt (a later round)
+    prompts) methods=${2:-rwf,l2p,dualprompt} ;;
     adapters) methods=coda-prompt,online-lora ;;
     cached) methods=rwf-head-only,slda ;;
   esac
